@@ -1,0 +1,249 @@
+// AsyncOpKernels for the SMB ops. Each kernel hands its work to one
+// background thread per process that owns the Communicator, and calls done()
+// when the collective finishes, so TensorFlow's inter-op threads never block.
+// The single thread also runs collectives in the order they were enqueued,
+// which the strategy keeps equal on every rank (stateful ops run in program
+// order inside tf.function).
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cc/smb/communicator.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tensorflow {
+namespace {
+
+absl::Status ToTfStatus(const smb::Status& s) {
+  switch (s.code()) {
+    case smb::Code::kOk: return absl::OkStatus();
+    case smb::Code::kInvalidArgument:
+      return absl::InvalidArgumentError(s.message());
+    case smb::Code::kDeadlineExceeded:
+      return absl::DeadlineExceededError(s.message());
+    case smb::Code::kAborted: return absl::AbortedError(s.message());
+    case smb::Code::kAlreadyExists: return absl::AlreadyExistsError(s.message());
+    case smb::Code::kNotFound: return absl::NotFoundError(s.message());
+    case smb::Code::kResourceExhausted:
+      return absl::ResourceExhaustedError(s.message());
+    case smb::Code::kInternal: return absl::InternalError(s.message());
+  }
+  return absl::UnknownError(s.message());
+}
+
+bool ToSmbDType(DataType dt, smb::DType* out) {
+  switch (dt) {
+    case DT_FLOAT: *out = smb::DType::kFloat32; return true;
+    case DT_DOUBLE: *out = smb::DType::kFloat64; return true;
+    case DT_HALF: *out = smb::DType::kFloat16; return true;
+    case DT_BFLOAT16: *out = smb::DType::kBFloat16; return true;
+    case DT_INT32: *out = smb::DType::kInt32; return true;
+    case DT_INT64: *out = smb::DType::kInt64; return true;
+    default: return false;
+  }
+}
+
+// The process's membership in a job: the Communicator and the thread that
+// drives it.
+class SmbContext {
+ public:
+  static SmbContext& Get() {
+    static SmbContext context;
+    return context;
+  }
+
+  absl::Status Init(const smb::Communicator::Options& options) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (comm_ != nullptr) {
+      if (comm_->rank() == options.rank && comm_->world() == options.world &&
+          job_id_ == options.job_id) {
+        comm_->set_timeout(options.timeout_s);
+        return absl::OkStatus();
+      }
+      return absl::FailedPreconditionError(
+          "this process already joined job '" + job_id_ + "' as rank " +
+          std::to_string(comm_->rank()) + " of " +
+          std::to_string(comm_->world()) + "; cannot join job '" +
+          options.job_id + "' as rank " + std::to_string(options.rank) +
+          " of " + std::to_string(options.world));
+    }
+    std::unique_ptr<smb::Communicator> comm;
+    absl::Status s = ToTfStatus(smb::Communicator::Open(options, &comm));
+    if (!s.ok()) return s;
+    comm_ = std::move(comm);
+    job_id_ = options.job_id;
+    worker_ = std::thread([this] { Loop(); });
+    return absl::OkStatus();
+  }
+
+  // Runs `work` on the background thread with the Communicator.
+  absl::Status Enqueue(std::function<void(smb::Communicator*)> work) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (comm_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "SMB ops need the process to join a job first: create "
+          "tf_smb.SMBStrategy() (or call tf_smb.init()) before running them");
+    }
+    queue_.push_back(std::move(work));
+    cv_.notify_one();
+    return absl::OkStatus();
+  }
+
+  ~SmbContext() {
+    std::unique_lock<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_one();
+    if (!worker_.joinable()) return;
+    if (busy_ || !queue_.empty()) {
+      // Exiting mid-collective: never block exit on peers. Leave the
+      // Communicator mapped (the OS reclaims it) and the thread detached.
+      worker_.detach();
+      comm_.release();  // NOLINT: intentionally leaked at process exit
+      return;
+    }
+    lock.unlock();
+    worker_.join();
+  }
+
+ private:
+  SmbContext() = default;
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and drained
+      auto work = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      work(comm_.get());
+      lock.lock();
+      busy_ = false;
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void(smb::Communicator*)>> queue_;
+  std::unique_ptr<smb::Communicator> comm_;
+  std::string job_id_;
+  std::thread worker_;
+  bool busy_ = false;
+  bool stop_ = false;
+};
+
+class SmbInitOp : public OpKernel {
+ public:
+  explicit SmbInitOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("job_id", &options_.job_id));
+    OP_REQUIRES_OK(c, c->GetAttr("rank", &options_.rank));
+    OP_REQUIRES_OK(c, c->GetAttr("world", &options_.world));
+    float timeout;
+    OP_REQUIRES_OK(c, c->GetAttr("timeout_seconds", &timeout));
+    options_.timeout_s = timeout;
+    OP_REQUIRES_OK(c, c->GetAttr("create", &options_.create));
+    int64_t staging, heap;
+    OP_REQUIRES_OK(c, c->GetAttr("staging_bytes", &staging));
+    OP_REQUIRES_OK(c, c->GetAttr("heap_bytes", &heap));
+    OP_REQUIRES(c, staging > 0 && heap >= 0,
+                absl::InvalidArgumentError(
+                    "staging_bytes must be positive and heap_bytes "
+                    "non-negative, got " + std::to_string(staging) + " and " +
+                    std::to_string(heap)));
+    options_.staging_bytes = static_cast<size_t>(staging);
+    options_.heap_bytes = static_cast<size_t>(heap);
+  }
+  void Compute(OpKernelContext* c) override {
+    OP_REQUIRES_OK(c, SmbContext::Get().Init(options_));
+  }
+
+ private:
+  smb::Communicator::Options options_;
+};
+
+// Shared by the list ops: builds outputs (reusing input buffers where TF
+// allows) and the TensorRefs the core reads and writes.
+absl::Status PrepareList(OpKernelContext* c, std::vector<smb::TensorRef>* refs) {
+  OpInputList inputs;
+  TF_RETURN_IF_ERROR(c->input_list("tensors", &inputs));
+  for (int i = 0; i < inputs.size(); ++i) {
+    const Tensor& in = inputs[i];
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(c->forward_input_or_allocate_output({i}, i, in.shape(), &out));
+    smb::DType dtype;
+    if (!ToSmbDType(in.dtype(), &dtype)) {
+      return absl::InvalidArgumentError(
+          "unsupported dtype " + DataTypeString(in.dtype()) +
+          "; expected float32, float64, float16, bfloat16, int32 or int64");
+    }
+    std::vector<int64_t> shape(in.shape().dim_sizes().begin(),
+                               in.shape().dim_sizes().end());
+    refs->push_back({dtype, std::move(shape), in.tensor_data().data(),
+                     const_cast<char*>(out->tensor_data().data())});
+  }
+  return absl::OkStatus();
+}
+
+class SmbAllReduceOp : public AsyncOpKernel {
+ public:
+  explicit SmbAllReduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    auto refs = std::make_shared<std::vector<smb::TensorRef>>();
+    OP_REQUIRES_OK_ASYNC(c, PrepareList(c, refs.get()), done);
+    OP_REQUIRES_OK_ASYNC(
+        c, SmbContext::Get().Enqueue([c, refs, done](smb::Communicator* comm) {
+          c->SetStatus(ToTfStatus(comm->AllReduceSum(*refs)));
+          done();
+        }),
+        done);
+  }
+};
+
+class SmbBroadcastOp : public AsyncOpKernel {
+ public:
+  explicit SmbBroadcastOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("root", &root_));
+  }
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    auto refs = std::make_shared<std::vector<smb::TensorRef>>();
+    OP_REQUIRES_OK_ASYNC(c, PrepareList(c, refs.get()), done);
+    const int root = root_;
+    OP_REQUIRES_OK_ASYNC(
+        c, SmbContext::Get().Enqueue([c, refs, root, done](smb::Communicator* comm) {
+          c->SetStatus(ToTfStatus(comm->Broadcast(root, *refs)));
+          done();
+        }),
+        done);
+  }
+
+ private:
+  int root_;
+};
+
+class SmbBarrierOp : public AsyncOpKernel {
+ public:
+  explicit SmbBarrierOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    OP_REQUIRES_OK_ASYNC(
+        c, SmbContext::Get().Enqueue([c, done](smb::Communicator* comm) {
+          c->SetStatus(ToTfStatus(comm->Barrier()));
+          done();
+        }),
+        done);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SmbInit").Device(DEVICE_CPU), SmbInitOp);
+REGISTER_KERNEL_BUILDER(Name("SmbAllReduce").Device(DEVICE_CPU), SmbAllReduceOp);
+REGISTER_KERNEL_BUILDER(Name("SmbBroadcast").Device(DEVICE_CPU), SmbBroadcastOp);
+REGISTER_KERNEL_BUILDER(Name("SmbBarrier").Device(DEVICE_CPU), SmbBarrierOp);
+
+}  // namespace
+}  // namespace tensorflow

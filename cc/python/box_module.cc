@@ -1,0 +1,204 @@
+// tf_smb._box: the box core for Python without TensorFlow. The launcher uses
+// it to create and remove a job's box; tests use it to check the core alone.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/smb/box.h"
+#include "cc/smb/communicator.h"
+
+namespace py = pybind11;
+
+namespace {
+
+void ThrowIfError(const smb::Status& s) {
+  if (s.ok()) return;
+  switch (s.code()) {
+    case smb::Code::kInvalidArgument: throw py::value_error(s.ToString());
+    case smb::Code::kNotFound: throw py::key_error(s.ToString());
+    default: break;
+  }
+  if (s.code() == smb::Code::kDeadlineExceeded) {
+    PyErr_SetString(PyExc_TimeoutError, s.ToString().c_str());
+    throw py::error_already_set();
+  }
+  throw std::runtime_error(s.ToString());
+}
+
+smb::DType DTypeOf(const py::array& a) {
+  smb::DType dtype;
+  // numpy names bfloat16 (from ml_dtypes) "bfloat16"; the others match ours.
+  ThrowIfError(smb::ParseDType(py::str(a.dtype().attr("name")), &dtype));
+  return dtype;
+}
+
+std::vector<int64_t> ShapeOf(const py::array& a) {
+  return std::vector<int64_t>(a.shape(), a.shape() + a.ndim());
+}
+
+// Builds refs and fresh outputs for a list of arrays (made C-contiguous).
+std::vector<smb::TensorRef> Refs(const std::vector<py::array>& inputs,
+                                 std::vector<py::array>* outputs) {
+  std::vector<smb::TensorRef> refs;
+  for (const py::array& raw : inputs) {
+    py::array a = py::array::ensure(raw, py::array::c_style);
+    if (!a) throw py::value_error("expected arrays");
+    py::array out(a.dtype(), std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+    refs.push_back({DTypeOf(a), ShapeOf(a), a.data(), out.mutable_data()});
+    outputs->push_back(a);  // keep inputs alive alongside outputs
+    outputs->push_back(out);
+  }
+  return refs;
+}
+
+std::vector<py::array> EveryOther(const std::vector<py::array>& v) {
+  std::vector<py::array> out;
+  for (size_t i = 1; i < v.size(); i += 2) out.push_back(v[i]);
+  return out;
+}
+
+class BoxHandle {
+ public:
+  explicit BoxHandle(std::unique_ptr<smb::Box> box) : box_(std::move(box)) {}
+  std::string name() const { return box_->name(); }
+  void unlink() { box_->Unlink(); }
+  void close() { box_.reset(); }
+ private:
+  std::unique_ptr<smb::Box> box_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_box, m) {
+  m.doc() = "The Soft Memory Box core (no TensorFlow): boxes and collectives.";
+
+  m.def("shm_name", &smb::Box::ShmName, py::arg("job_id"),
+        "Name of the job's shared-memory region.");
+  m.def("reclaim_stale", &smb::Box::ReclaimStale,
+        "Removes this user's boxes whose processes are all gone; returns the count.");
+  m.def(
+      "create_box",
+      [](const std::string& job_id, int world, size_t staging_bytes,
+         size_t heap_bytes) {
+        smb::Box::Options o;
+        o.job_id = job_id;
+        o.world = world;
+        o.staging_bytes = staging_bytes;
+        o.heap_bytes = heap_bytes;
+        std::unique_ptr<smb::Box> box;
+        ThrowIfError(smb::Box::Create(o, &box));
+        return std::make_unique<BoxHandle>(std::move(box));
+      },
+      py::arg("job_id"), py::arg("world"), py::arg("staging_bytes") = 16u << 20,
+      py::arg("heap_bytes") = 256u << 20,
+      "Creates a job's box (mode 0600); it is removed when the last user closes.");
+
+  py::class_<BoxHandle>(m, "Box")
+      .def_property_readonly("name", &BoxHandle::name)
+      .def("unlink", &BoxHandle::unlink, "Removes the box's name now.")
+      .def("close", &BoxHandle::close, "Unmaps the box.");
+
+  py::class_<smb::Communicator>(m, "Communicator")
+      .def(py::init([](const std::string& job_id, int rank, int world,
+                       double timeout_s, bool create, size_t staging_bytes,
+                       size_t heap_bytes) {
+             smb::Communicator::Options o;
+             o.job_id = job_id;
+             o.rank = rank;
+             o.world = world;
+             o.timeout_s = timeout_s;
+             o.create = create;
+             o.staging_bytes = staging_bytes;
+             o.heap_bytes = heap_bytes;
+             std::unique_ptr<smb::Communicator> comm;
+             smb::Status s;
+             {
+               py::gil_scoped_release release;
+               s = smb::Communicator::Open(o, &comm);
+             }
+             ThrowIfError(s);
+             return comm;
+           }),
+           py::arg("job_id"), py::arg("rank"), py::arg("world"),
+           py::arg("timeout_s") = 600.0, py::arg("create") = false,
+           py::arg("staging_bytes") = 16u << 20,
+           py::arg("heap_bytes") = 256u << 20)
+      .def_property_readonly("rank", &smb::Communicator::rank)
+      .def_property_readonly("world", &smb::Communicator::world)
+      .def("allreduce",
+           [](smb::Communicator& c, const std::vector<py::array>& arrays) {
+             std::vector<py::array> keep;
+             auto refs = Refs(arrays, &keep);
+             smb::Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.AllReduceSum(refs);
+             }
+             ThrowIfError(s);
+             return EveryOther(keep);
+           },
+           "Sum of each array over all ranks, fused in one collective.")
+      .def("broadcast",
+           [](smb::Communicator& c, const std::vector<py::array>& arrays,
+              int root) {
+             std::vector<py::array> keep;
+             auto refs = Refs(arrays, &keep);
+             smb::Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.Broadcast(root, refs);
+             }
+             ThrowIfError(s);
+             return EveryOther(keep);
+           },
+           py::arg("arrays"), py::arg("root") = 0)
+      .def("barrier",
+           [](smb::Communicator& c) {
+             smb::Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.Barrier();
+             }
+             ThrowIfError(s);
+           })
+      .def("create_segment",
+           [](smb::Communicator& c, const std::string& name,
+              const std::string& dtype_name, const std::vector<int64_t>& shape) {
+             if (c.box() == nullptr) throw py::value_error("no box with world size 1");
+             smb::DType dtype;
+             ThrowIfError(smb::ParseDType(dtype_name, &dtype));
+             uint64_t key = 0;
+             ThrowIfError(c.box()->CreateSegment(name, dtype, shape, &key));
+             return key;
+           })
+      .def("lookup_segment",
+           [](smb::Communicator& c, const std::string& name) {
+             if (c.box() == nullptr) throw py::value_error("no box with world size 1");
+             uint64_t key = 0;
+             ThrowIfError(c.box()->LookupSegment(name, &key));
+             return key;
+           })
+      .def("attach_segment",
+           [](py::object self, uint64_t key, const std::string& dtype_name,
+              const std::vector<int64_t>& shape) {
+             auto& c = self.cast<smb::Communicator&>();
+             if (c.box() == nullptr) throw py::value_error("no box with world size 1");
+             smb::DType dtype;
+             ThrowIfError(smb::ParseDType(dtype_name, &dtype));
+             smb::Segment seg;
+             ThrowIfError(c.box()->AttachSegment(key, dtype, shape, &seg));
+             py::object np_dtype = py::module_::import("numpy").attr("dtype");
+             py::dtype dt = dtype == smb::DType::kBFloat16
+                                ? py::dtype::from_args(
+                                      py::module_::import("ml_dtypes").attr("bfloat16"))
+                                : py::dtype::from_args(np_dtype(dtype_name));
+             // A view into the box; `self` keeps the mapping alive.
+             return py::array(dt, std::vector<py::ssize_t>(shape.begin(), shape.end()),
+                              seg.data, self);
+           },
+           "A numpy view of a segment, checked against the dtype and shape given.");
+}

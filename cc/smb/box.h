@@ -1,0 +1,151 @@
+// The Soft Memory Box on one node: a POSIX shared-memory region holding a
+// segment table, per-rank control slots, collective staging buffers and a heap
+// for named segments.
+//
+//   smb::Box::Options opts;
+//   opts.job_id = "job42"; opts.world = 2;
+//   std::unique_ptr<smb::Box> box;
+//   SMB_RETURN_IF_ERROR(smb::Box::Create(opts, &box));     // launcher / rank 0
+//   SMB_RETURN_IF_ERROR(smb::Box::Attach("job42", 30.0, &box));  // workers
+//
+// The region is created with mode 0600 under the name "/tf_smb_<uid>_<job_id>",
+// removed when the last user detaches, and reclaimed by the next Create() on
+// the node when every process that used it is gone (a job killed by SIGKILL).
+#ifndef TF_SMB_CC_SMB_BOX_H_
+#define TF_SMB_CC_SMB_BOX_H_
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/smb/dtype.h"
+#include "cc/smb/status.h"
+
+namespace smb {
+
+constexpr int kMaxWorld = 128;
+constexpr int kMaxSegments = 4096;
+constexpr int kMaxRank = 8;            // dimensions of a segment's shape
+constexpr size_t kDescBytes = 2048;    // one collective's description per rank
+constexpr size_t kSegmentNameBytes = 128;
+
+// One rank's control slot. Cache-line aligned so ranks do not false-share.
+struct alignas(64) RankSlot {
+  std::atomic<int32_t> pid;          // 0 until the rank attaches
+  std::atomic<uint64_t> arrive_seq;  // barrier generation this rank reached
+  // What this rank is about to do, double-buffered by the collective's parity
+  // so a fast rank never overwrites a description a slow rank still reads.
+  char desc[2][kDescBytes];
+};
+
+struct SegmentEntry {
+  char name[kSegmentNameBytes];
+  int32_t dtype;
+  int32_t rank;
+  int64_t dims[kMaxRank];
+  uint64_t offset;  // from the start of the region
+  uint64_t bytes;
+  uint64_t key;     // creation key handed to attachers
+  std::atomic<uint64_t> version;  // seqlock word for consistent reads
+};
+
+struct BoxHeader {
+  uint64_t magic;
+  uint32_t layout_version;
+  uint32_t world;
+  uint64_t staging_bytes;   // per rank and per buffer
+  uint64_t staging_offset;  // 2 buffers x world x staging_bytes
+  uint64_t heap_offset;
+  uint64_t heap_bytes;
+  uint64_t total_bytes;
+  int32_t creator_pid;
+  uid_t owner_uid;
+  std::atomic<uint32_t> ready;     // set last by the creator
+  std::atomic<uint32_t> wake;      // futex word bumped on every arrival
+  std::atomic<uint32_t> attached;  // processes mapping the box right now
+  std::atomic<uint32_t> aborted;   // non-zero once a rank failed for good
+  char abort_reason[512];
+  char job_id[128];
+  pthread_mutex_t table_lock;      // robust, process-shared
+  uint64_t heap_used;
+  uint32_t segment_count;
+  SegmentEntry segments[kMaxSegments];
+  RankSlot ranks[kMaxWorld];
+};
+
+// A named segment's place in this process's mapping of the box.
+struct Segment {
+  uint64_t key = 0;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  void* data = nullptr;
+  size_t bytes = 0;
+  SegmentEntry* entry = nullptr;
+};
+
+class Box {
+ public:
+  struct Options {
+    std::string job_id;
+    int world = 1;
+    // Staging memory per rank and per buffer; all-reduce and broadcast work in
+    // chunks of this size, so tensors of any size fit a bounded box.
+    size_t staging_bytes = 16u << 20;
+    // Room for named segments (parameters in the asynchronous mode). The
+    // region is sparse: untouched pages cost no memory.
+    size_t heap_bytes = 256u << 20;
+  };
+
+  // Creates the job's box. Fails with kAlreadyExists if a live job uses the
+  // name; first removes boxes on this node whose processes are all gone.
+  static Status Create(const Options& options, std::unique_ptr<Box>* out);
+  // Maps an existing box, waiting up to timeout_s for its creator.
+  static Status Attach(const std::string& job_id, double timeout_s,
+                       std::unique_ptr<Box>* out);
+  // Removes this user's boxes whose processes are all dead; returns how many.
+  static int ReclaimStale();
+  static Status ValidateJobId(const std::string& job_id);
+  static std::string ShmName(const std::string& job_id);
+
+  ~Box();
+  Box(const Box&) = delete;
+  Box& operator=(const Box&) = delete;
+
+  BoxHeader* header() const { return header_; }
+  const std::string& name() const { return name_; }
+  char* base() const { return reinterpret_cast<char*>(header_); }
+  // Staging buffer `buffer` (0 or 1) of rank `rank`.
+  char* staging(int buffer, int rank) const;
+
+  // Removes the name now (the mapping stays valid until destruction).
+  void Unlink();
+
+  // Segment table. Create returns the creation key that Attach takes; creating
+  // an existing name with the same dtype and shape returns its key.
+  Status CreateSegment(const std::string& name, DType dtype,
+                       const std::vector<int64_t>& shape, uint64_t* key);
+  Status LookupSegment(const std::string& name, uint64_t* key);
+  Status AttachSegment(uint64_t key, DType dtype,
+                       const std::vector<int64_t>& shape, Segment* out);
+
+ private:
+  Box(std::string name, BoxHeader* header, size_t bytes)
+      : name_(std::move(name)), header_(header), mapped_bytes_(bytes) {}
+  Status LockTable();
+  void UnlockTable();
+
+  std::string name_;
+  BoxHeader* header_;
+  size_t mapped_bytes_;
+};
+
+std::string ShapeString(const std::vector<int64_t>& shape);
+
+}  // namespace smb
+
+#endif  // TF_SMB_CC_SMB_BOX_H_

@@ -1,0 +1,359 @@
+#include "cc/smb/communicator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "cc/smb/process.h"
+
+namespace smb {
+namespace {
+
+constexpr int kSpinIterations = 2000;
+constexpr double kLivenessPeriodS = 0.02;  // how often waiters look for dead peers
+constexpr double kMaxSleepS = 0.01;
+constexpr size_t kDescTextBytes = kDescBytes - 16;
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+size_t NumElements(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+// A byte range taking part in a collective, seen as one concatenated buffer.
+struct Piece {
+  const char* in;
+  char* out;
+  size_t bytes;
+};
+
+// Copies bytes [offset, offset+len) of the concatenation of `pieces` to dst.
+void GatherBytes(const std::vector<Piece>& pieces, size_t offset, size_t len,
+                 char* dst) {
+  for (const Piece& p : pieces) {
+    if (len == 0) return;
+    if (offset >= p.bytes) {
+      offset -= p.bytes;
+      continue;
+    }
+    const size_t n = std::min(len, p.bytes - offset);
+    std::memcpy(dst, p.in + offset, n);
+    dst += n;
+    len -= n;
+    offset = 0;
+  }
+}
+
+// Copies src to bytes [offset, offset+len) of the pieces' outputs.
+void ScatterBytes(const char* src, size_t offset, size_t len,
+                  const std::vector<Piece>& pieces) {
+  for (const Piece& p : pieces) {
+    if (len == 0) return;
+    if (offset >= p.bytes) {
+      offset -= p.bytes;
+      continue;
+    }
+    const size_t n = std::min(len, p.bytes - offset);
+    std::memcpy(p.out + offset, src, n);
+    src += n;
+    len -= n;
+    offset = 0;
+  }
+}
+
+std::string Describe(const char* op, const std::vector<TensorRef>& tensors) {
+  std::string desc = op;
+  desc += " of " + std::to_string(tensors.size()) + " tensors:";
+  for (const TensorRef& t : tensors) {
+    desc += " ";
+    desc += DTypeName(t.dtype);
+    desc += ShapeString(t.shape);
+  }
+  return desc;
+}
+
+Status ValidateTensors(const std::vector<TensorRef>& tensors) {
+  for (const TensorRef& t : tensors) {
+    if (!IsValidDType(static_cast<int32_t>(t.dtype))) {
+      return InvalidArgument("unsupported dtype code " +
+                             std::to_string(static_cast<int32_t>(t.dtype)));
+    }
+    for (int64_t d : t.shape) {
+      if (d < 0) return InvalidArgument("negative dimension in shape " +
+                                        ShapeString(t.shape));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Communicator::Open(const Options& options,
+                          std::unique_ptr<Communicator>* out) {
+  if (options.world < 1 || options.world > kMaxWorld) {
+    return InvalidArgument("world size must be in [1, " +
+                           std::to_string(kMaxWorld) + "], got " +
+                           std::to_string(options.world));
+  }
+  if (options.rank < 0 || options.rank >= options.world) {
+    return InvalidArgument("rank must be in [0, " +
+                           std::to_string(options.world) + "), got " +
+                           std::to_string(options.rank));
+  }
+  if (!(options.timeout_s > 0)) {
+    return InvalidArgument("timeout must be positive, got " +
+                           std::to_string(options.timeout_s));
+  }
+  std::unique_ptr<Box> box;
+  if (options.world > 1) {
+    if (options.create) {
+      Box::Options bo;
+      bo.job_id = options.job_id;
+      bo.world = options.world;
+      bo.staging_bytes = options.staging_bytes;
+      bo.heap_bytes = options.heap_bytes;
+      SMB_RETURN_IF_ERROR(Box::Create(bo, &box));
+    } else {
+      SMB_RETURN_IF_ERROR(Box::Attach(options.job_id, options.timeout_s, &box));
+    }
+    BoxHeader* h = box->header();
+    if (static_cast<int>(h->world) != options.world) {
+      return InvalidArgument("box of job '" + options.job_id + "' was made for " +
+                             std::to_string(h->world) + " workers, this one "
+                             "expects " + std::to_string(options.world));
+    }
+    RankSlot& slot = h->ranks[options.rank];
+    const int32_t other = slot.pid.load();
+    if (other != 0 && other != getpid() && IsProcessAlive(other)) {
+      return Status(Code::kAlreadyExists,
+                    "rank " + std::to_string(options.rank) + " of job '" +
+                        options.job_id + "' is already taken by pid " +
+                        std::to_string(other));
+    }
+    slot.pid.store(getpid());
+  }
+  out->reset(new Communicator(options, std::move(box)));
+  return Status::Ok();
+}
+
+Communicator::Communicator(const Options& options, std::unique_ptr<Box> box)
+    : box_(std::move(box)),
+      rank_(options.rank),
+      world_(options.world),
+      timeout_s_(options.timeout_s) {}
+
+Communicator::~Communicator() = default;
+
+Status Communicator::AbortedStatus() const {
+  const BoxHeader* h = box_->header();
+  return Status(Code::kAborted, std::string("job aborted: ") + h->abort_reason);
+}
+
+Status Communicator::Abort(Code code, const std::string& reason) {
+  BoxHeader* h = box_->header();
+  uint32_t expected = 0;
+  // First failure wins; 1 = writing the reason, 2 = reason readable.
+  if (h->aborted.compare_exchange_strong(expected, 1)) {
+    std::strncpy(h->abort_reason, reason.c_str(), sizeof h->abort_reason - 1);
+    h->aborted.store(2, std::memory_order_release);
+    h->wake.fetch_add(1);
+    FutexWakeAll(&h->wake);
+  }
+  return Status(code, reason);
+}
+
+Status Communicator::Sync(const std::string& what) {
+  BoxHeader* h = box_->header();
+  const uint64_t target = ++seq_;
+  h->ranks[rank_].arrive_seq.store(target, std::memory_order_release);
+  h->wake.fetch_add(1, std::memory_order_acq_rel);
+  FutexWakeAll(&h->wake);
+
+  const double start = MonotonicSeconds();
+  const double deadline = start + timeout_s_;
+  double next_liveness = start + kLivenessPeriodS;
+  int spins = 0;
+  for (;;) {
+    const uint32_t wake = h->wake.load(std::memory_order_acquire);
+    if (h->aborted.load(std::memory_order_acquire) == 2) return AbortedStatus();
+    bool all = true;
+    for (int r = 0; r < world_ && all; ++r) {
+      all = h->ranks[r].arrive_seq.load(std::memory_order_acquire) >= target;
+    }
+    if (all) return Status::Ok();
+    if (spins < kSpinIterations) {
+      ++spins;
+      CpuRelax();
+      continue;
+    }
+    const double now = MonotonicSeconds();
+    if (now >= next_liveness) {
+      next_liveness = now + kLivenessPeriodS;
+      for (int r = 0; r < world_; ++r) {
+        const int32_t pid = h->ranks[r].pid.load();
+        if (h->ranks[r].arrive_seq.load() < target && pid != 0 &&
+            !IsProcessAlive(pid)) {
+          return Abort(Code::kAborted,
+                       "rank " + std::to_string(r) + " (pid " +
+                           std::to_string(pid) + ") exited or died; rank " +
+                           std::to_string(rank_) + " was waiting for it in " +
+                           what);
+        }
+      }
+    }
+    if (now >= deadline) {
+      std::string missing;
+      for (int r = 0; r < world_; ++r) {
+        if (h->ranks[r].arrive_seq.load() < target) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+      }
+      return Abort(Code::kDeadlineExceeded,
+                   "rank " + std::to_string(rank_) + " timed out after " +
+                       std::to_string(static_cast<int>(timeout_s_)) +
+                       "s in " + what + " waiting for rank(s) " + missing);
+    }
+    FutexWait(&h->wake, wake, std::min(kMaxSleepS, deadline - now));
+  }
+}
+
+Status Communicator::Agree(const std::string& op, const std::string& desc) {
+  BoxHeader* h = box_->header();
+  const int parity = static_cast<int>(collectives_++ & 1);
+  char* slot = h->ranks[rank_].desc[parity];
+  const uint64_t hash = Fnv1a(desc);
+  const uint32_t len =
+      static_cast<uint32_t>(std::min(desc.size(), kDescTextBytes - 1));
+  std::memcpy(slot, &hash, sizeof hash);
+  std::memcpy(slot + 8, &len, sizeof len);
+  std::memcpy(slot + 12, desc.data(), len);
+  slot[12 + len] = '\0';
+  SMB_RETURN_IF_ERROR(Sync(op));
+  uint64_t root_hash;
+  std::memcpy(&root_hash, h->ranks[0].desc[parity], sizeof root_hash);
+  for (int r = 1; r < world_; ++r) {
+    const char* other = h->ranks[r].desc[parity];
+    uint64_t other_hash;
+    std::memcpy(&other_hash, other, sizeof other_hash);
+    if (other_hash != root_hash) {
+      // Every rank reaches the same verdict from the same slots: no hang.
+      return InvalidArgument(
+          "ranks disagree on a collective: rank 0 called " +
+          std::string(h->ranks[0].desc[parity] + 12) + "; rank " +
+          std::to_string(r) + " called " + std::string(other + 12));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Communicator::Barrier() {
+  if (world_ == 1) return Status::Ok();
+  return Agree("barrier", "barrier");
+}
+
+Status Communicator::AllReduceSum(const std::vector<TensorRef>& tensors) {
+  SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
+  if (world_ == 1) {
+    for (const TensorRef& t : tensors) {
+      if (t.in != t.out) {
+        std::memcpy(t.out, t.in, NumElements(t.shape) * DTypeSize(t.dtype));
+      }
+    }
+    return Status::Ok();
+  }
+  SMB_RETURN_IF_ERROR(Agree("allreduce", Describe("allreduce", tensors)));
+  const size_t staging = box_->header()->staging_bytes;
+  // One pass per dtype over all tensors of that dtype: tensor fusion.
+  for (int32_t code = 1; code <= 6; ++code) {
+    const DType dtype = static_cast<DType>(code);
+    const size_t elem = DTypeSize(dtype);
+    std::vector<Piece> pieces;
+    size_t total = 0;
+    for (const TensorRef& t : tensors) {
+      if (t.dtype != dtype) continue;
+      const size_t bytes = NumElements(t.shape) * elem;
+      if (bytes == 0) continue;
+      pieces.push_back({static_cast<const char*>(t.in),
+                        static_cast<char*>(t.out), bytes});
+      total += bytes;
+    }
+    const size_t chunk = staging / elem * elem;
+    for (size_t offset = 0; offset < total; offset += chunk) {
+      const size_t len = std::min(chunk, total - offset);
+      const int buffer = static_cast<int>(chunks_++ & 1);
+      GatherBytes(pieces, offset, len, box_->staging(buffer, rank_));
+      SMB_RETURN_IF_ERROR(Sync("allreduce (staging)"));
+      // Partitioned reduction: this rank sums its slice of every rank's
+      // chunk, in rank order, so every rank gets bit-identical results.
+      const size_t n = len / elem;
+      const size_t lo = n * rank_ / world_;
+      const size_t hi = n * (rank_ + 1) / world_;
+      if (hi > lo) {
+        char* dst = box_->staging(buffer, 0) + lo * elem;
+        for (int r = 1; r < world_; ++r) {
+          SumInto(dtype, dst, dst, box_->staging(buffer, r) + lo * elem, hi - lo);
+        }
+      }
+      SMB_RETURN_IF_ERROR(Sync("allreduce (reduction)"));
+      ScatterBytes(box_->staging(buffer, 0), offset, len, pieces);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Communicator::Broadcast(int root, const std::vector<TensorRef>& tensors) {
+  SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
+  if (root < 0 || root >= world_) {
+    return InvalidArgument("broadcast root must be in [0, " +
+                           std::to_string(world_) + "), got " +
+                           std::to_string(root));
+  }
+  std::vector<Piece> pieces;
+  size_t total = 0;
+  for (const TensorRef& t : tensors) {
+    const size_t bytes = NumElements(t.shape) * DTypeSize(t.dtype);
+    if (bytes == 0) continue;
+    pieces.push_back({static_cast<const char*>(t.in), static_cast<char*>(t.out),
+                      bytes});
+    total += bytes;
+  }
+  if (rank_ == root) {
+    for (const Piece& p : pieces) {
+      if (p.in != p.out) std::memcpy(p.out, p.in, p.bytes);
+    }
+  }
+  if (world_ == 1) return Status::Ok();
+  SMB_RETURN_IF_ERROR(Agree(
+      "broadcast",
+      Describe(("broadcast from rank " + std::to_string(root)).c_str(), tensors)));
+  const size_t chunk = box_->header()->staging_bytes;
+  for (size_t offset = 0; offset < total; offset += chunk) {
+    const size_t len = std::min(chunk, total - offset);
+    const int buffer = static_cast<int>(chunks_++ & 1);
+    if (rank_ == root) GatherBytes(pieces, offset, len, box_->staging(buffer, 0));
+    SMB_RETURN_IF_ERROR(Sync("broadcast"));
+    if (rank_ != root) ScatterBytes(box_->staging(buffer, 0), offset, len, pieces);
+  }
+  return Status::Ok();
+}
+
+}  // namespace smb

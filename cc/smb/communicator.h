@@ -1,0 +1,85 @@
+// Collectives through the box: every rank stages its data in the box, the
+// reduction is partitioned (rank r sums slice r of every rank's chunk), and
+// every rank copies the result out. Tensors larger than the staging buffer
+// go through in chunks, double-buffered, so the box stays small.
+//
+//   smb::Communicator::Options o;
+//   o.job_id = "job42"; o.rank = rank; o.world = 2;
+//   std::unique_ptr<smb::Communicator> comm;
+//   SMB_RETURN_IF_ERROR(smb::Communicator::Open(o, &comm));
+//   SMB_RETURN_IF_ERROR(comm->AllReduceSum({{DType::kFloat32, {n}, in, out}}));
+//
+// Calls are collective: every rank makes the same calls in the same order.
+// A Communicator is not thread-safe; the TF layer serialises calls on it.
+#ifndef TF_SMB_CC_SMB_COMMUNICATOR_H_
+#define TF_SMB_CC_SMB_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/smb/box.h"
+#include "cc/smb/dtype.h"
+#include "cc/smb/status.h"
+
+namespace smb {
+
+// A tensor taking part in a collective: `in` is read, `out` written (they may
+// be the same buffer). Both hold NumElements(shape) elements of dtype.
+struct TensorRef {
+  DType dtype;
+  std::vector<int64_t> shape;
+  const void* in;
+  void* out;
+};
+
+class Communicator {
+ public:
+  struct Options {
+    std::string job_id;
+    int rank = 0;
+    int world = 1;
+    // Every wait fails after this long, naming the ranks that did not arrive.
+    double timeout_s = 600.0;
+    // Create the box (rank 0 when no launcher made it); others attach.
+    bool create = false;
+    size_t staging_bytes = 16u << 20;
+    size_t heap_bytes = 256u << 20;
+  };
+
+  static Status Open(const Options& options, std::unique_ptr<Communicator>* out);
+  ~Communicator();
+
+  // out = sum over ranks of in, for every tensor (any mix of dtypes).
+  Status AllReduceSum(const std::vector<TensorRef>& tensors);
+  // out = root's in, for every tensor.
+  Status Broadcast(int root, const std::vector<TensorRef>& tensors);
+  Status Barrier();
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  Box* box() const { return box_.get(); }
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+
+ private:
+  Communicator(const Options& options, std::unique_ptr<Box> box);
+  // Arrive at the next barrier and wait for every rank to arrive too.
+  Status Sync(const std::string& what);
+  // Publish `desc`, sync, and fail on every rank alike if any rank disagrees.
+  Status Agree(const std::string& op, const std::string& desc);
+  Status Abort(Code code, const std::string& reason);
+  Status AbortedStatus() const;
+
+  std::unique_ptr<Box> box_;
+  int rank_;
+  int world_;
+  double timeout_s_;
+  uint64_t seq_ = 0;          // barriers passed
+  uint64_t collectives_ = 0;  // Agree() calls, for descriptor parity
+  uint64_t chunks_ = 0;       // chunks moved, for staging buffer parity
+};
+
+}  // namespace smb
+
+#endif  // TF_SMB_CC_SMB_COMMUNICATOR_H_

@@ -1,0 +1,34 @@
+// Element types the box can hold and reduce.
+#ifndef TF_SMB_CC_SMB_DTYPE_H_
+#define TF_SMB_CC_SMB_DTYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cc/smb/status.h"
+
+namespace smb {
+
+enum class DType : int32_t {
+  kFloat32 = 1,
+  kFloat64 = 2,
+  kFloat16 = 3,
+  kBFloat16 = 4,
+  kInt32 = 5,
+  kInt64 = 6,
+};
+
+size_t DTypeSize(DType dtype);
+const char* DTypeName(DType dtype);
+// Parses "float32", "float64", "float16", "bfloat16", "int32", "int64".
+Status ParseDType(const std::string& name, DType* out);
+bool IsValidDType(int32_t value);
+
+// dst[i] = a[i] + b[i] for n elements of `dtype`. dst may alias a or b.
+// float16/bfloat16 are summed in float32 and rounded once (to nearest even).
+void SumInto(DType dtype, void* dst, const void* a, const void* b, size_t n);
+
+}  // namespace smb
+
+#endif  // TF_SMB_CC_SMB_DTYPE_H_
