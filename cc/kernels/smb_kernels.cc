@@ -183,8 +183,8 @@ absl::Status PrepareList(OpKernelContext* c, std::vector<smb::TensorRef>* refs) 
           "unsupported dtype " + DataTypeString(in.dtype()) +
           "; expected float32, float64, float16, bfloat16, int32 or int64");
     }
-    std::vector<int64_t> shape(in.shape().dim_sizes().begin(),
-                               in.shape().dim_sizes().end());
+    const auto dims = in.shape().dim_sizes();
+    std::vector<int64_t> shape(dims.begin(), dims.end());
     refs->push_back({dtype, std::move(shape), in.tensor_data().data(),
                      const_cast<char*>(out->tensor_data().data())});
   }

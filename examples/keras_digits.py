@@ -1,0 +1,151 @@
+"""Trains a small CNN on scikit-learn's 8x8 digits with Keras `model.fit`.
+
+The data is `sklearn.datasets.load_digits()` (1797 real handwritten digits that
+ship with scikit-learn, so nothing is downloaded). Every worker loads the same
+data, seeds the same way and builds the same model inside `strategy.scope()`;
+the strategy splits each global batch among the workers and combines their
+gradients.
+
+Launch (two workers, one replica each):
+
+    python -m tf_smb.run -np 2 python examples/keras_digits.py
+    mpirun -np 2 python examples/keras_digits.py
+    srun --ntasks=2 python examples/keras_digits.py
+
+Single process, without tf_smb:
+
+    python examples/keras_digits.py --strategy=default
+    python examples/keras_digits.py --strategy=mirrored
+
+`--batch_size` is the GLOBAL batch size (summed over all workers).
+`--save_path=/tmp/digits.keras` saves the trained model, from rank 0 only.
+"""
+from __future__ import annotations
+
+import pathlib
+import sys
+from typing import NamedTuple, Sequence
+
+from absl import app, flags
+import numpy as np
+import tensorflow as tf
+import keras
+from sklearn import datasets, model_selection
+
+FLAGS = flags.FLAGS
+
+STRATEGIES = ("smb", "mirrored", "default")
+NUM_CLASSES = 10
+IMAGE_SHAPE = (8, 8, 1)
+
+
+def define_common_flags() -> None:
+    """Flags shared with examples/custom_loop.py (defined by the entry script)."""
+    flags.DEFINE_enum("strategy", "smb", list(STRATEGIES),
+                      "Distribution strategy: tf_smb.SMBStrategy, "
+                      "tf.distribute.MirroredStrategy, or none (default).")
+    flags.DEFINE_integer("epochs", 15, "Training epochs.")
+    flags.DEFINE_integer("batch_size", 64, "GLOBAL batch size (all workers together).")
+    flags.DEFINE_float("learning_rate", 0.003, "Adam learning rate.")
+    flags.DEFINE_integer("seed", 0, "Seed for the split, the weights and the shuffle.")
+
+
+class Digits(NamedTuple):
+    x_train: np.ndarray  # (n, 8, 8, 1) float32 in [0, 1]
+    y_train: np.ndarray  # (n,) int32 labels 0..9
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+def load_data(seed: int = 0) -> Digits:
+    """Loads the digits and splits them 75/25, stratified; the same on every worker."""
+    digits = datasets.load_digits()
+    x = (digits.images.reshape((-1,) + IMAGE_SHAPE) / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int32)
+    x_train, x_test, y_train, y_test = model_selection.train_test_split(
+        x, y, test_size=0.25, random_state=seed, stratify=y)
+    return Digits(x_train, y_train, x_test, y_test)
+
+
+def build_network() -> keras.Model:
+    """The uncompiled CNN; outputs logits. Call inside `strategy.scope()`."""
+    return keras.Sequential([
+        keras.Input(shape=IMAGE_SHAPE),
+        keras.layers.Conv2D(32, 3, activation="relu", padding="same"),
+        keras.layers.Conv2D(64, 3, activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(NUM_CLASSES),
+    ], name="digits_cnn")
+
+
+def build_model(learning_rate: float) -> keras.Model:
+    """The CNN compiled with Adam and sparse cross-entropy. Call inside `strategy.scope()`."""
+    model = build_network()
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"])
+    return model
+
+
+def _import_tf_smb():
+    """Imports tf_smb; falls back to the source checkout above examples/."""
+    try:
+        import tf_smb
+    except ImportError:
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+        import tf_smb
+    return tf_smb
+
+
+def make_strategy(name: str) -> tf.distribute.Strategy:
+    """Builds the strategy named by --strategy; tf_smb is imported only for "smb"."""
+    if name == "smb":
+        return _import_tf_smb().SMBStrategy()
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    if name == "default":
+        return tf.distribute.get_strategy()
+    raise ValueError(f"unknown strategy {name!r}; expected one of {STRATEGIES}")
+
+
+def worker_rank(name: str) -> int:
+    """This worker's index: tf_smb.rank() under SMB, else 0 (single process)."""
+    return _import_tf_smb().rank() if name == "smb" else 0
+
+
+def main(argv: Sequence[str]) -> None:
+    del argv  # Unused.
+    # Same seed everywhere before any weights exist: identical initial models.
+    keras.utils.set_random_seed(FLAGS.seed)
+    strategy = make_strategy(FLAGS.strategy)
+    rank = worker_rank(FLAGS.strategy)
+    data = load_data(FLAGS.seed)
+
+    with strategy.scope():
+        model = build_model(FLAGS.learning_rate)
+
+    # The seeded shuffle gives every worker the same order of global batches;
+    # the strategy hands each worker its part of every batch.
+    train_ds = (tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+                .shuffle(len(data.x_train), seed=FLAGS.seed, reshuffle_each_iteration=True)
+                .batch(FLAGS.batch_size))
+    test_ds = (tf.data.Dataset.from_tensor_slices((data.x_test, data.y_test))
+               .batch(FLAGS.batch_size))
+
+    model.fit(train_ds, epochs=FLAGS.epochs, verbose=2 if rank == 0 else 0)
+    results = model.evaluate(test_ds, verbose=0, return_dict=True)
+    print(f"test loss: {results['loss']:.4f}")
+    print(f"test accuracy: {results['accuracy']:.4f}")
+
+    if FLAGS.save_path and rank == 0:
+        model.save(FLAGS.save_path)  # Keras 3 wants a .keras (or .h5) file name.
+        print(f"saved model to {FLAGS.save_path}")
+
+
+if __name__ == "__main__":
+    define_common_flags()
+    flags.DEFINE_string("save_path", None,
+                        "If set, rank 0 saves the trained model here (e.g. /tmp/digits.keras).")
+    app.run(main)

@@ -1,0 +1,161 @@
+"""Tests of the job launcher ``python -m tf_smb.run`` with tiny Python workers."""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import List
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def launch(args: List[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
+    """Runs the launcher with ``args`` from the repository root."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "tf_smb.run", *args], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def worker(code: str) -> List[str]:
+    """A worker command running the Python ``code``."""
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def wait_gone(pid: int, grace_s: float = 2.0) -> None:
+    """Asserts the process ``pid`` no longer exists, allowing a short grace."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"process {pid} outlived the launcher")
+        time.sleep(0.05)
+
+
+def test_workers_get_rank_size_and_job_id() -> None:
+    result = launch(["-np", "2", "--", *worker("""
+        import os
+        print("rank", os.environ["TF_SMB_RANK"], "size", os.environ["TF_SMB_SIZE"],
+              "job", os.environ["TF_SMB_JOB_ID"], "created", os.environ["TF_SMB_BOX_CREATED"])
+    """)])
+    assert result.returncode == 0, result.stderr
+    found = re.findall(r"^\[(\d)\]: rank (\d) size (\d) job (\S+) created 1$",
+                       result.stdout, re.MULTILINE)
+    assert sorted((prefix, rank, size) for prefix, rank, size, _ in found) == [
+        ("0", "0", "2"), ("1", "1", "2")]
+    job_ids = {job for *_, job in found}
+    assert len(job_ids) == 1 and job_ids.pop().startswith("run-")
+
+
+def test_timeout_is_passed_to_workers() -> None:
+    result = launch(["-np", "1", "--timeout", "7.5", *worker("""
+        import os
+        print("timeout", os.environ["TF_SMB_TIMEOUT"])
+    """)])
+    assert result.returncode == 0, result.stderr
+    assert "[0]: timeout 7.5" in result.stdout
+
+
+def test_box_exists_while_workers_run_and_is_removed_after() -> None:
+    result = launch(["-np", "2", *worker("""
+        import os
+        from tf_smb import _box
+        path = "/dev/shm/" + _box.shm_name(os.environ["TF_SMB_JOB_ID"])[1:]
+        print("box", path, oct(os.stat(path).st_mode & 0o777))
+    """)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = re.findall(r"^\[\d\]: box (\S+) (0o\d+)$", result.stdout, re.MULTILINE)
+    assert len(found) == 2
+    assert {mode for _, mode in found} == {"0o600"}
+    (path,) = {p for p, _ in found}
+    assert not os.path.exists(path)
+
+
+def test_failing_worker_stops_the_others(tmp_path: pathlib.Path) -> None:
+    pid_file = tmp_path / "rank0.pid"
+    start = time.monotonic()
+    result = launch(["-np", "2", *worker(f"""
+        import os, sys, time
+        if os.environ["TF_SMB_RANK"] == "1":
+            while not os.path.exists({str(pid_file)!r}):
+                time.sleep(0.02)
+            print("boom-message", file=sys.stderr)
+            sys.exit(3)
+        with open({str(pid_file) + ".tmp"!r}, "w") as f:
+            f.write(str(os.getpid()))
+        os.rename({str(pid_file) + ".tmp"!r}, {str(pid_file)!r})
+        time.sleep(60)
+    """)], timeout=30)
+    assert time.monotonic() - start < 15
+    assert result.returncode == 3
+    assert "rank 1 exited with code 3" in result.stderr
+    assert "boom-message" in result.stderr
+    assert "rank 0 " not in result.stderr  # only the cause is named
+    wait_gone(int(pid_file.read_text()))
+
+
+def test_worker_killed_by_signal_is_reported() -> None:
+    result = launch(["-np", "2", *worker("""
+        import os, time
+        if os.environ["TF_SMB_RANK"] == "0":
+            print("about to die", flush=True)
+            os.kill(os.getpid(), 9)
+        time.sleep(60)
+    """)], timeout=30)
+    assert result.returncode != 0
+    assert "rank 0 was killed by signal SIGKILL" in result.stderr
+    assert "about to die" in result.stderr
+
+
+def test_sigterm_to_launcher_stops_workers(tmp_path: pathlib.Path) -> None:
+    pid_file = tmp_path / "pids"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tf_smb.run", "-np", "2", *worker(f"""
+            import os, time
+            with open({str(pid_file)!r}, "a") as f:
+                f.write(str(os.getpid()) + "\\n")
+            time.sleep(60)
+        """)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not (pid_file.exists() and len(pid_file.read_text().split()) == 2):
+            assert time.monotonic() < deadline, "workers did not start"
+            time.sleep(0.05)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=15) == 128 + signal.SIGTERM
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(timeout=5)
+        launcher.stdout.close()
+        launcher.stderr.close()
+    for pid in pid_file.read_text().split():
+        wait_gone(int(pid))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-np", "0", "true"], "-np must be at least 1"),
+    (["-np", "2"], "missing COMMAND"),
+    (["-np", "2", "--"], "missing COMMAND"),
+])
+def test_bad_usage(args: List[str], message: str) -> None:
+    result = launch(args)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_missing_executable() -> None:
+    result = launch(["-np", "1", "/nonexistent/tf_smb_no_such_program"])
+    assert result.returncode != 0
+    assert "cannot start" in result.stderr

@@ -1,0 +1,92 @@
+"""Where this process sits in a job: rank, size and job id from the launcher.
+
+Recognised launchers, first match wins:
+  * ``python -m tf_smb.run``: TF_SMB_RANK, TF_SMB_SIZE, TF_SMB_JOB_ID;
+  * ``horovodrun``: HOROVOD_RANK, HOROVOD_SIZE;
+  * Open MPI's ``mpirun``: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE;
+  * Slurm's ``srun``: SLURM_PROCID, SLURM_NTASKS.
+With none of these the process is a single worker (rank 0 of 1).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Mapping, Optional
+
+# Launcher variables: (rank, size) pairs, in order of preference.
+_RANK_SIZE_VARS = (
+    ("TF_SMB_RANK", "TF_SMB_SIZE"),
+    ("HOROVOD_RANK", "HOROVOD_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMIX_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+    """This process's place in a job.
+
+    Attributes:
+      rank: index of this worker, 0 <= rank < size.
+      size: number of workers.
+      job_id: name shared by all workers of the job on this node; it names the box.
+      box_created: True when the launcher already made the box (else rank 0 makes it).
+      launcher: which environment the values came from.
+    """
+
+    rank: int
+    size: int
+    job_id: str
+    box_created: bool
+    launcher: str
+
+
+def _job_id_from(env: Mapping[str, str], launcher: str) -> str:
+    """A job id all workers of one job derive alike, different across jobs."""
+    if env.get("TF_SMB_JOB_ID"):
+        return env["TF_SMB_JOB_ID"]
+    for key in ("SLURM_JOB_ID",):
+        if env.get(key):
+            return f"slurm-{env[key]}-{env.get('SLURM_STEP_ID', '0')}"
+    for key in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"):
+        if env.get(key):
+            return f"mpi-{env[key]}"
+    if env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        return "hvd-{}-{}".format(env["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
+                                  env.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "0"))
+    # Workers started by one local launcher process share their parent.
+    return f"{launcher}-ppid{os.getppid()}"
+
+
+def _sanitize(job_id: str) -> str:
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)
+    return clean[:100]
+
+
+def detect(env: Optional[Mapping[str, str]] = None) -> JobInfo:
+    """Reads rank, size and job id from the launcher's environment.
+
+    Raises:
+      ValueError: a launcher variable is not an integer, or rank is out of range.
+    """
+    env = os.environ if env is None else env
+    for rank_var, size_var in _RANK_SIZE_VARS:
+        if rank_var in env and size_var in env:
+            try:
+                rank, size = int(env[rank_var]), int(env[size_var])
+            except ValueError as e:
+                raise ValueError(
+                    f"{rank_var}={env[rank_var]!r} and {size_var}={env[size_var]!r} "
+                    "must be integers") from e
+            if size < 1 or not 0 <= rank < size:
+                raise ValueError(f"expected 0 <= {rank_var} < {size_var}, got "
+                                 f"{rank_var}={rank}, {size_var}={size}")
+            launcher = rank_var.split("_")[0].lower()
+            return JobInfo(rank=rank, size=size,
+                           job_id=_sanitize(_job_id_from(env, launcher)),
+                           box_created=env.get("TF_SMB_BOX_CREATED") == "1",
+                           launcher=launcher)
+    return JobInfo(rank=0, size=1, job_id=f"single-{os.getpid()}",
+                   box_created=False, launcher="none")

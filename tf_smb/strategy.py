@@ -1,0 +1,333 @@
+"""SMBStrategy: data-parallel training whose workers share parameters through
+the Soft Memory Box instead of passing messages.
+
+One replica per process. Variables created in the strategy's scope start equal
+on every worker (broadcast from rank 0); gradients are summed through the box
+in one fused collective per step, so N workers with batch B train like one
+process with batch N*B.
+
+How it plugs into TensorFlow and Keras 3 (see DESIGN.md section 3):
+  * the extended class builds on TF's OneDeviceExtended (one local device) and
+    adds what a multi-worker strategy needs: world-sized `num_replicas_in_sync`,
+    sharded input pipelines, cross-worker reductions and gathers;
+  * metric variables (synchronization=ON_READ) are SyncOnReadVariables, so a
+    read outside a replica (Keras' final `evaluate` results) sums them over
+    all workers;
+  * SMBStrategy subclasses MultiWorkerMirroredStrategy's class only so that
+    Keras 3 takes its multi-worker path for `predict` (gather rows from all
+    workers) and per-step logs; none of that class's machinery is used.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import tensorflow as tf
+from tensorflow.python.distribute import collective_all_reduce_strategy
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import distribute_utils
+from tensorflow.python.distribute import input_util
+from tensorflow.python.distribute import one_device_strategy
+from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.framework import ops as framework_ops
+from tensorflow.python.ops import control_flow_util
+
+from tf_smb import env as env_lib
+from tf_smb import ops as smb_ops
+
+_SUPPORTED_DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64)
+
+
+def _check_not_in_xla() -> None:
+    graph = framework_ops.get_default_graph()
+    if control_flow_util.GraphOrParentsInXlaContext(graph):
+        raise ValueError(
+            "SMBStrategy's collectives have no XLA kernel, so they cannot run "
+            "inside jit_compile=True. Set jit_compile=False: "
+            "model.compile(..., jit_compile=False), or "
+            "tf.function(..., jit_compile=False) for a custom loop.")
+
+
+class SMBExtended(one_device_strategy.OneDeviceExtended):
+    """The workings of SMBStrategy: one local device, many workers."""
+
+    def __init__(self, container_strategy: "SMBStrategy", job: env_lib.JobInfo,
+                 device: str = "/cpu:0") -> None:
+        super().__init__(container_strategy, device)
+        self._job = job
+
+    # -- who we are ---------------------------------------------------------
+    def _in_multi_worker_mode(self) -> bool:
+        return self._job.size > 1
+
+    @property
+    def _num_replicas_in_sync(self) -> int:
+        return self._job.size
+
+    def _get_local_replica_id(self, replica_id_in_sync_group):
+        return replica_id_in_sync_group - self._job.rank
+
+    @property
+    def should_checkpoint(self) -> bool:
+        return self._job.rank == 0
+
+    @property
+    def should_save_summary(self) -> bool:
+        return self._job.rank == 0
+
+    @property
+    def experimental_should_init(self) -> bool:
+        return True
+
+    # -- variables ----------------------------------------------------------
+    def _create_variable(self, next_creator, **kwargs):
+        synchronization = kwargs.get("synchronization")
+        aggregation = kwargs.get("aggregation", tf.VariableAggregation.NONE)
+        if (synchronization == tf.VariableSynchronization.ON_READ
+                and aggregation != tf.VariableAggregation.NONE):
+            # Worker-local state (metrics) that sums/averages over workers
+            # when read outside a replica.
+            local = super()._create_variable(next_creator, **kwargs)
+            return values_lib.SyncOnReadVariable(
+                self._container_strategy(), [local], aggregation)
+        variable = super()._create_variable(next_creator, **kwargs)
+        if self._job.size > 1:
+            self._broadcast_initial_value(variable)
+        return variable
+
+    def _broadcast_initial_value(self, variable: tf.Variable) -> None:
+        """Makes rank 0's initial value everyone's."""
+        with tf.init_scope():
+            if not tf.executing_eagerly():
+                return  # TF1-style graph: initialisers run later, not here
+            value = variable.read_value()
+            if value.dtype not in _SUPPORTED_DTYPES and value.dtype != tf.bool:
+                return  # e.g. string or resource state: not model parameters
+            variable.assign(smb_ops.broadcast([value], root=0)[0])
+
+    def _local_results(self, value):
+        if isinstance(value, (values_lib.DistributedValues, tf.distribute.DistributedValues)):
+            return value._values  # pylint: disable=protected-access
+        return (value,)
+
+    # -- input --------------------------------------------------------------
+    def _make_input_context(self) -> distribute_lib.InputContext:
+        return distribute_lib.InputContext(
+            num_input_pipelines=self._job.size,
+            input_pipeline_id=self._job.rank,
+            num_replicas_in_sync=self._job.size)
+
+    def _experimental_distribute_dataset(self, dataset, options):
+        if self._job.size == 1:
+            return super()._experimental_distribute_dataset(dataset, options)
+        # Rebatch the global batch to global/size and shard it by worker, as
+        # MultiWorkerMirroredStrategy does; the iterator then ends every
+        # worker's epoch together even when shards have unequal length.
+        return input_util.get_distributed_dataset(
+            dataset,
+            self._input_workers_with_options(options),
+            self._container_strategy(),
+            num_replicas_in_sync=self._job.size,
+            input_context=self._make_input_context(),
+            options=options)
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        return input_util.get_distributed_datasets_from_function(
+            dataset_fn,
+            self._input_workers_with_options(options),
+            [self._make_input_context()],
+            self._container_strategy(),
+            options=options)
+
+    def _experimental_distribute_values_from_function(self, value_fn):
+        return value_fn(distribute_lib.ValueContext(self._job.rank, self._job.size))
+
+    # -- running a step -----------------------------------------------------
+    def _call_for_each_replica(self, fn, args, kwargs):
+        if self._job.size > 1:
+            _check_not_in_xla()
+        strategy = self._container_strategy()
+        # Multi-worker input arrives as PerReplica values of one local replica.
+        args = distribute_utils.select_replica(0, args)
+        kwargs = distribute_utils.select_replica(0, kwargs)
+        with framework_ops.device(self._device), _SMBReplicaContext(
+                strategy, self._job.rank):
+            return fn(*args, **kwargs)
+
+    # -- reductions -----------------------------------------------------------
+    def _local_tensor(self, value) -> tf.Tensor:
+        if isinstance(value, (values_lib.DistributedValues, tf.distribute.DistributedValues)):
+            value = value._values[0]  # pylint: disable=protected-access
+        if isinstance(value, tf.IndexedSlices):
+            value = tf.convert_to_tensor(value)
+        return tf.convert_to_tensor(value)
+
+    def all_reduce(self, reduce_op, values: Sequence[Any]) -> List[tf.Tensor]:
+        """Sums (or averages) local values over all workers, in one collective."""
+        tensors = [self._local_tensor(v) for v in values]
+        if self._job.size == 1 or not tensors:
+            return [tf.identity(t) for t in tensors]
+        _check_not_in_xla()
+        for t in tensors:
+            if t.dtype not in _SUPPORTED_DTYPES:
+                raise tf.errors.InvalidArgumentError(
+                    None, None,
+                    f"SMBStrategy reduces float32, float64, float16, bfloat16, "
+                    f"int32 and int64 tensors; got {t.dtype.name} ({t.name if hasattr(t, 'name') and not tf.executing_eagerly() else 'eager tensor'})")
+        summed = smb_ops.allreduce(tensors)
+        if reduce_op == tf.distribute.ReduceOp.MEAN:
+            summed = [s / tf.cast(self._job.size, s.dtype) if s.dtype.is_floating
+                      else s // self._job.size for s in summed]
+        return summed
+
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        del destinations, options
+        # Keras passes whole structures here (e.g. an (x, y) batch).
+        flat = tf.nest.flatten(value)
+        return tf.nest.pack_sequence_as(value, self.all_reduce(reduce_op, flat))
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        del options
+        return self.all_reduce(reduce_op, [v for v, _ in value_destination_pairs])
+
+    def _gather_to_implementation(self, value, destinations, axis, options):
+        del destinations, options
+        local = self._local_tensor(value)
+        if self._job.size == 1:
+            return tf.identity(local)
+        return self._all_gather(local, axis)
+
+    def _all_gather(self, local: tf.Tensor, axis: int) -> tf.Tensor:
+        """Concatenates every worker's tensor along `axis` (lengths may differ).
+
+        Each worker places its rows at its own offset in a zero buffer and the
+        buffers are summed through the box: x + 0 is exact for every dtype.
+        """
+        size, rank = self._job.size, self._job.rank
+        is_bool = local.dtype == tf.bool
+        if is_bool:
+            local = tf.cast(local, tf.int32)
+        moved = tf.experimental.numpy.moveaxis(local, axis, 0) if axis else local
+        length = tf.shape(moved, out_type=tf.int64)[0]
+        lengths = smb_ops.allreduce([tf.one_hot(rank, size, dtype=tf.int64) * length])[0]
+        longest = tf.reduce_max(lengths)
+        padded = tf.pad(moved, [[0, longest - length]] + [[0, 0]] * (moved.shape.rank - 1))
+        slots = tf.scatter_nd(tf.constant([[rank]], tf.int64), padded[tf.newaxis],
+                              tf.concat([[size], tf.shape(padded, out_type=tf.int64)], 0))
+        summed = smb_ops.allreduce([slots])[0]
+        parts = [summed[r, :lengths[r]] for r in range(size)]
+        gathered = tf.concat(parts, axis=0)
+        if axis:
+            gathered = tf.experimental.numpy.moveaxis(gathered, 0, axis)
+        return tf.cast(gathered, tf.bool) if is_bool else gathered
+
+
+class _SMBReplicaContext(distribute_lib.ReplicaContext):
+    """The replica context of this worker: replica `rank` of `size`."""
+
+    def __init__(self, strategy: "SMBStrategy", rank: int) -> None:
+        distribute_lib.ReplicaContext.__init__(
+            self, strategy, replica_id_in_sync_group=rank)
+
+    @property
+    def devices(self):
+        return self._strategy.extended.worker_devices
+
+
+class SMBStrategy(collective_all_reduce_strategy.CollectiveAllReduceStrategy):
+    """Synchronous data parallelism through the Soft Memory Box.
+
+    Swap it in for any tf.distribute strategy and launch N processes:
+
+        strategy = tf_smb.SMBStrategy()
+        with strategy.scope():
+            model = build_and_compile_model()
+        model.fit(dataset, epochs=3)   # dataset batched with the GLOBAL batch
+
+        $ python -m tf_smb.run -np 2 python train.py
+
+    Rank and size come from tf_smb.run, horovodrun, mpirun (Open MPI) or Slurm;
+    without a launcher the process is a single worker. `model.fit` shards the
+    data per worker; `evaluate` reports metrics over all workers' data and
+    `predict` returns every row, on every worker; rank 0 writes checkpoints.
+
+    Args:
+      mode: "sync" (gradients summed through the box every step).
+      timeout_s: how long any collective waits for the other workers before
+        failing with an error naming them (default $TF_SMB_TIMEOUT or 600).
+      staging_bytes: staging memory per worker when this process creates the
+        box; larger tensors move in chunks of this size.
+      job: where this process sits; detected from the launcher when None.
+    """
+
+    def __init__(self, mode: str = "sync", timeout_s: Optional[float] = None,
+                 staging_bytes: Optional[int] = None,
+                 job: Optional[env_lib.JobInfo] = None) -> None:
+        if mode != "sync":
+            raise ValueError(f"mode must be 'sync', got {mode!r}")
+        job = job or env_lib.detect()
+        if job.size > 1:
+            job = smb_ops.init(job, timeout_s=timeout_s, staging_bytes=staging_bytes)
+            _keras_saves_on_rank0_only(job.rank)
+        self._job = job
+        self._mode = mode
+        # Skip CollectiveAllReduceStrategy.__init__: none of its machinery is used.
+        distribute_lib.Strategy.__init__(self, SMBExtended(self, job))  # pylint: disable=non-parent-init-called
+        distribute_lib.distribution_strategy_gauge.get_cell("V2").set("SMBStrategy")
+
+    @property
+    def rank(self) -> int:
+        """This worker's index."""
+        return self._job.rank
+
+    @property
+    def size(self) -> int:
+        """The number of workers."""
+        return self._job.size
+
+    def reduce(self, reduce_op, value, axis):
+        """Reduces `value` over workers (and along `axis` when it has one).
+
+        Keras 3 reduces every step's scalar logs with axis=0; a scalar has no
+        axis 0, so it is reduced over workers only. Input batches (PerReplica
+        values from a distributed dataset) differ in shape between workers and
+        cannot be combined: Keras reduces one only to learn its structure, so
+        this worker's batch is returned.
+        """
+        if any(isinstance(v, values_lib.PerReplica) for v in tf.nest.flatten(value)):
+            return tf.nest.map_structure(
+                lambda v: v.values[0] if isinstance(v, values_lib.PerReplica) else v,
+                value)
+        if axis is not None and all(
+                getattr(v, "shape", None) is not None and v.shape.rank == 0
+                for v in tf.nest.flatten(value)):
+            axis = None
+        return super().reduce(reduce_op, value, axis)
+
+    @property
+    def cluster_resolver(self):
+        """SMBStrategy needs no cluster resolver: the box is the rendezvous."""
+        return None
+
+    def __deepcopy__(self, memo):
+        # Strategies are shared, not copied (Keras deep-copies configs).
+        memo[id(self)] = self
+        return self
+
+
+def _keras_saves_on_rank0_only(rank: int) -> None:
+    """Keeps workers other than rank 0 from writing model files.
+
+    Every worker holds the same weights; if all wrote `model.save(path)` or a
+    ModelCheckpoint file at once, the file could be torn. Ranks > 0 skip the
+    write and return as if saved.
+    """
+    if rank == 0:
+        return
+    import keras  # pylint: disable=import-outside-toplevel
+
+    def skip(*args, **kwargs):
+        del args, kwargs
+
+    keras.Model.save = skip
+    keras.Model.save_weights = skip
+    keras.callbacks.ModelCheckpoint._save_model = skip  # pylint: disable=protected-access
