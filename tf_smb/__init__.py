@@ -5,13 +5,35 @@
 
 Launch N workers with ``python -m tf_smb.run -np N python train.py`` (or
 mpirun, horovodrun, srun). See README.md.
-"""
-from tf_smb.env import JobInfo, detect
-from tf_smb.ops import allreduce, barrier, broadcast, init, rank, size
-from tf_smb.strategy import SMBStrategy
 
-__all__ = [
-    "JobInfo", "SMBStrategy", "allreduce", "barrier", "broadcast", "detect",
-    "init", "rank", "size",
-]
+TensorFlow is imported on first use of a name that needs it, so the launcher
+(`tf_smb.run`) and the core module (`tf_smb._box`) start fast.
+"""
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "SMBStrategy": "tf_smb.strategy",
+    "allreduce": "tf_smb.ops",
+    "barrier": "tf_smb.ops",
+    "broadcast": "tf_smb.ops",
+    "init": "tf_smb.ops",
+    "rank": "tf_smb.ops",
+    "size": "tf_smb.ops",
+    "JobInfo": "tf_smb.env",
+    "detect": "tf_smb.env",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tf_smb' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -189,8 +189,10 @@ Status Box::Attach(const std::string& job_id, double timeout_s,
           static_cast<size_t>(st.st_size) >= sizeof(BoxHeader)) {
         void* hp = MapFd(fd, sizeof(BoxHeader));
         auto* h = static_cast<BoxHeader*>(hp);
+        // A box whose creator is gone belongs to a dead job with the same
+        // id: wait for this job's creator to reclaim and remake it.
         if (h != nullptr && h->ready.load(std::memory_order_acquire) &&
-            h->magic == kMagic) {
+            h->magic == kMagic && IsProcessAlive(h->creator_pid)) {
           const size_t total = h->total_bytes;
           const uint32_t layout = h->layout_version;
           munmap(hp, sizeof(BoxHeader));

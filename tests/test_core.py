@@ -1,0 +1,142 @@
+"""The box core on its own (no TensorFlow): collectives, segments, lifecycle."""
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness import WORKERS, base_env, run_ranks
+
+CORE = os.path.join(WORKERS, "core_worker.py")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_allreduce_exact_every_dtype_and_size(world):
+    # 64 KiB staging: the 1,000,003-element tensors go through in many chunks.
+    results = run_ranks([CORE, "allreduce", "--staging", str(64 << 10)], world, timeout=120)
+    for r in results:
+        assert r.check().json()["bad"] == [], f"rank {r.rank}"
+
+
+def test_allreduce_staging_cap_smaller_than_tensor_and_odd():
+    # A 100-byte cap is not a multiple of 8-byte elements and far below 1 M elements.
+    results = run_ranks([CORE, "allreduce", "--staging", "100"], 2, timeout=300)
+    for r in results:
+        assert r.check().json()["bad"] == [], f"rank {r.rank}"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_broadcast_from_every_root(world):
+    for r in run_ranks([CORE, "broadcast", "--staging", str(64 << 10)], world, timeout=120):
+        assert r.check().json()["bad"] == [], f"rank {r.rank}"
+
+
+def test_barrier_waits_for_the_slowest():
+    results = [r.check().json() for r in run_ranks([CORE, "barrier"], 3, timeout=60)]
+    # Rank 0 arrives ~0.6 s before rank 2 and must wait for it.
+    assert results[0]["waited"] > 0.4
+    left = [r["left_at"] for r in results]
+    assert max(left) - min(left) < 0.3
+
+
+def test_mismatched_shapes_and_dtypes_fail_on_every_rank_naming_both():
+    results = [r.check().json() for r in run_ranks([CORE, "mismatch"], 3, timeout=60)]
+    for res in results:
+        err = res["error"]
+        assert err is not None, f"rank {res['rank']} got no error"
+        assert "rank 0" in err and "float32[10]" in err, err
+        assert "rank 1" in err and "float32[11]" in err, err
+        assert res["after"] == [3.0] * 4
+
+
+def test_dead_worker_fails_the_others_naming_it():
+    results = run_ranks([CORE, "die", "--timeout", "60"], 3, timeout=90)
+    assert results[2].returncode == -signal.SIGKILL
+    for r in results[:2]:
+        res = r.check().json()
+        assert res["error"] is not None and "rank 2" in res["error"], res
+        assert "died" in res["error"]
+        # Found by the liveness check, long before the 60 s timeout.
+        assert res["seconds"] < 10, res
+
+
+def test_timeout_names_missing_rank():
+    # Rank 1 never joins: rank 0's barrier must time out naming it.
+    env = base_env({"TF_SMB_RANK": "0", "TF_SMB_SIZE": "2",
+                    "TF_SMB_JOB_ID": f"lonely-{os.getpid()}"})
+    p = subprocess.run([sys.executable, CORE, "barrier", "--timeout", "2"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert "timed out" in p.stderr and "rank(s) 1" in p.stderr, p.stderr[-2000:]
+
+
+def test_segment_table_create_attach_and_mismatch():
+    results = [r.check().json() for r in run_ranks([CORE, "segments"], 2, timeout=60)]
+    for res in results:
+        assert res["values"] == list(range(12))
+        assert all(e and "float32[3,4]" in e for e in res["attach_errors"]), res
+        assert res["recreate_error"] and "exists as float32[3,4]" in res["recreate_error"]
+
+
+def _shm_path(name):
+    return "/dev/shm/" + name.lstrip("/")
+
+
+def test_box_is_private_and_removed_after_clean_end():
+    from tf_smb import _box
+    job = f"private-{os.getpid()}"
+    box = _box.create_box(job, 2)
+    path = _shm_path(box.name)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    box.close()
+    assert not os.path.exists(path)
+
+
+def test_two_jobs_at_once_do_not_interfere():
+    procs = []
+    for job in ("jobA", "jobB"):
+        for rank in range(2):
+            env = base_env({"TF_SMB_RANK": str(rank), "TF_SMB_SIZE": "2",
+                            "TF_SMB_JOB_ID": f"{job}-{os.getpid()}"})
+            procs.append(subprocess.Popen(
+                [sys.executable, CORE, "allreduce", "--staging", str(32 << 10)],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        for i, p in enumerate(procs):
+            out, err = p.communicate(timeout=240)
+            assert p.returncode == 0, f"process {i}: {err[-2000:]}"
+            assert '"bad": []' in out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def test_sigkilled_job_leaves_nothing_that_breaks_the_next():
+    from tf_smb import _box
+    job = f"killed-{os.getpid()}"
+    procs = []
+    for rank in range(2):
+        env = base_env({"TF_SMB_RANK": str(rank), "TF_SMB_SIZE": "2", "TF_SMB_JOB_ID": job})
+        procs.append(subprocess.Popen([sys.executable, CORE, "hold"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    try:
+        shm = procs[0].stdout.readline()
+        assert '"shm"' in shm, procs[0].stderr.read()
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.wait(timeout=30)
+    path = _shm_path(_box.shm_name(job))
+    assert os.path.exists(path), "the killed job should have left its box behind"
+    # The same job id works again: the next job reclaims the dead one's box.
+    for r in run_ranks([CORE, "barrier"], 2, timeout=60,
+                       env={"TF_SMB_JOB_ID": job}):
+        r.check()
+    assert not os.path.exists(path)
+    # And reclaim_stale finds nothing of ours left over.
+    assert _box.reclaim_stale() == 0

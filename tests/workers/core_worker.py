@@ -1,0 +1,127 @@
+"""One rank of a core (no TensorFlow) scenario; prints a JSON result line."""
+import argparse
+import json
+import os
+import sys
+import time
+
+import ml_dtypes
+import numpy as np
+
+from tf_smb import _box
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64"]
+SIZES = [0, 1, 7, 4097, 1_000_003]
+
+
+def np_dtype(name):
+    return ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)
+
+
+def data(rank, n, dtype):
+    # Small integers: every dtype sums them exactly, so results must be exact.
+    return ((np.arange(n) * (rank + 3)) % 17 - 8).astype(np_dtype(dtype))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario")
+    p.add_argument("--staging", type=int, default=1 << 20)
+    p.add_argument("--timeout", type=float, default=60)
+    a = p.parse_args()
+    rank, world = int(os.environ["TF_SMB_RANK"]), int(os.environ["TF_SMB_SIZE"])
+    job = os.environ["TF_SMB_JOB_ID"]
+    comm = _box.Communicator(job, rank, world, timeout_s=a.timeout,
+                             create=(rank == 0), staging_bytes=a.staging)
+    result = {"rank": rank}
+    if a.scenario == "allreduce":
+        bad = []
+        for dtype in DTYPES:
+            for n in SIZES:
+                out = comm.allreduce([data(rank, n, dtype)])[0]
+                want = data(0, n, dtype).astype(np.float64)
+                for r in range(1, world):
+                    want = want + data(r, n, dtype).astype(np.float64)
+                if out.dtype != np_dtype(dtype) or not np.array_equal(
+                        out.astype(np.float64), want):
+                    bad.append(f"{dtype}[{n}]")
+        # Fused: many tensors of mixed dtypes in one collective.
+        fused_in = [data(rank, n, d) for d in DTYPES for n in (3, 5000)]
+        fused = comm.allreduce(fused_in)
+        for t, out in zip(fused_in, fused):
+            n = t.size
+            want = sum(data(r, n, str(t.dtype)).astype(np.float64) for r in range(world))
+            if not np.array_equal(out.astype(np.float64), want):
+                bad.append(f"fused {t.dtype}[{n}]")
+        result["bad"] = bad
+    elif a.scenario == "broadcast":
+        bad = []
+        for root in range(world):
+            for dtype in DTYPES:
+                for n in (0, 1, 4097, 300_001):
+                    out = comm.broadcast([data(rank, n, dtype)], root=root)[0]
+                    if not np.array_equal(out, data(root, n, dtype)):
+                        bad.append(f"root{root} {dtype}[{n}]")
+        result["bad"] = bad
+    elif a.scenario == "barrier":
+        # Rank r sleeps r*0.3 s; after the barrier everyone has passed the sleeps.
+        time.sleep(rank * 0.3)
+        t0 = time.time()
+        comm.barrier()
+        result["left_at"] = time.time()
+        result["waited"] = time.time() - t0
+    elif a.scenario == "mismatch":
+        n = 10 if rank == 0 else 11
+        dtype = "float32" if rank != world - 1 else "float64"
+        try:
+            comm.allreduce([np.zeros(n, dtype)])
+            result["error"] = None
+        except ValueError as e:
+            result["error"] = str(e)
+        # The box is still usable after a caught mismatch.
+        result["after"] = comm.allreduce([np.ones(4, np.float32)])[0].tolist()
+    elif a.scenario == "die":
+        # Rank world-1 dies between collectives; the others must fail, naming it.
+        comm.allreduce([np.ones(8, np.float32)])
+        if rank == world - 1:
+            os.kill(os.getpid(), 9)
+        t0 = time.time()
+        try:
+            comm.allreduce([np.ones(1 << 20, np.float32)])
+            result["error"] = None
+        except Exception as e:  # noqa: BLE001 - the message is what we test
+            result["error"] = f"{type(e).__name__}: {e}"
+        result["seconds"] = time.time() - t0
+    elif a.scenario == "hold":
+        # Keep the box mapped until killed (for the leftover-reclaim test).
+        comm.barrier()
+        print(json.dumps({"rank": rank, "shm": _box.shm_name(job)}), flush=True)
+        time.sleep(600)
+    elif a.scenario == "segments":
+        if rank == 0:
+            key = comm.create_segment("weights", "float32", [3, 4])
+            view = comm.attach_segment(key, "float32", [3, 4])
+            view[:] = np.arange(12, dtype=np.float32).reshape(3, 4)
+        comm.barrier()
+        key = comm.lookup_segment("weights")
+        view = comm.attach_segment(key, "float32", [3, 4])
+        result["values"] = view.ravel().tolist()
+        errors = []
+        for dtype, shape in (("float64", [3, 4]), ("float32", [4, 3]), ("float32", [12])):
+            try:
+                comm.attach_segment(key, dtype, shape)
+                errors.append(None)
+            except ValueError as e:
+                errors.append(str(e))
+        result["attach_errors"] = errors
+        try:
+            comm.create_segment("weights", "int32", [3, 4])
+            result["recreate_error"] = None
+        except ValueError as e:
+            result["recreate_error"] = str(e)
+        comm.barrier()
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
