@@ -29,13 +29,14 @@ import pathlib
 import sys
 from typing import Sequence
 
-from absl import app, flags
-import tensorflow as tf
-import keras
-
-# keras_digits.py sits next to this file; import it as a plain module.
+# keras_digits.py sits next to this file; import it as a plain module, before
+# TensorFlow (it sets TF_ENABLE_ONEDNN_OPTS, which TensorFlow reads on import).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import keras_digits  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -69,6 +70,9 @@ def main(argv: Sequence[str]) -> None:
     strategy = keras_digits.make_strategy(FLAGS.strategy)
     rank = keras_digits.worker_rank(FLAGS.strategy)
     global_batch = FLAGS.batch_size
+    if global_batch % strategy.num_replicas_in_sync:
+        raise app.UsageError(f"--batch_size={global_batch} must be divisible by the "
+                             f"{strategy.num_replicas_in_sync} replicas")
     data = keras_digits.load_data(FLAGS.seed)
 
     # All variables (weights and optimizer slots) are created inside the scope.
@@ -104,7 +108,7 @@ def main(argv: Sequence[str]) -> None:
             return tf.stack([correct, tf.cast(tf.size(labels), tf.int64)])
 
         # A replica's share of the last batch can be empty; skip the model then
-        # (oneDNN's CPU Conv2D mishandles a batch of 0 examples).
+        # (see TF_ENABLE_ONEDNN_OPTS in keras_digits.py).
         return counts + tf.cond(tf.size(labels) > 0, batch_counts,
                                 lambda: tf.zeros([2], tf.int64))
 

@@ -22,15 +22,21 @@ Single process, without tf_smb:
 """
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 from typing import NamedTuple, Sequence
 
-from absl import app, flags
-import numpy as np
-import tensorflow as tf
-import keras
-from sklearn import datasets, model_selection
+# oneDNN's CPU Conv2D mishandles an empty batch, which a worker gets whenever a
+# final partial batch has fewer examples than there are workers (e.g. -np 3).
+# Must be set before TensorFlow loads; export TF_ENABLE_ONEDNN_OPTS=1 to override.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+from absl import app, flags  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402
+from sklearn import datasets, model_selection  # noqa: E402
 
 FLAGS = flags.FLAGS
 

@@ -54,6 +54,10 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
                  device: str = "/cpu:0") -> None:
         super().__init__(container_strategy, device)
         self._job = job
+        # Distributed iterators agree across workers on whether any worker
+        # still has data, so uneven shards end every worker's epoch together.
+        self.experimental_enable_get_next_as_optional = True
+        self.enable_partial_batch_handling = True
 
     # -- who we are ---------------------------------------------------------
     def _in_multi_worker_mode(self) -> bool:

@@ -1,0 +1,107 @@
+"""SMBStrategy across processes: equivalence with one process on the global
+batch, evaluate/predict over all data, uneven shards, errors."""
+import os
+
+import numpy as np
+import pytest
+
+from harness import WORKERS, rank_lines, run_launcher, run_ranks, run_single
+
+KERAS = os.path.join(WORKERS, "keras_worker.py")
+B = 8  # per-worker batch
+
+
+def _max_diff(a, b):
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def fit_single():
+    return run_single([KERAS, "fit", "--batch", str(2 * B)], timeout=300).check().json()
+
+
+@pytest.fixture(scope="module")
+def fit_two():
+    return [r.check().json() for r in run_ranks([KERAS, "fit", "--batch", str(B)], 2, timeout=300)]
+
+
+def test_fit_two_workers_equal_one_process_on_global_batch(fit_single, fit_two):
+    assert fit_single["size"] == 1 and [r["size"] for r in fit_two] == [2, 2]
+    for r in fit_two:
+        assert _max_diff(r["weights"], fit_single["weights"]) < 1e-5, f"rank {r['rank']}"
+    assert _max_diff(fit_two[0]["weights"], fit_two[1]["weights"]) == 0.0
+
+
+def test_evaluate_covers_all_data(fit_single, fit_two):
+    for r in fit_two:
+        for key in ("eval", "eval_numpy"):
+            for metric in ("loss", "accuracy"):
+                assert r[key][metric] == pytest.approx(fit_single[key][metric], abs=1e-5), (
+                    f"rank {r['rank']} {key} {metric}")
+
+
+def test_predict_returns_every_row_in_order(fit_single, fit_two):
+    for r in fit_two:
+        for key in ("pred", "pred_numpy"):
+            assert np.shape(r[key]) == (53, 3), f"rank {r['rank']} {key}"
+            np.testing.assert_allclose(r[key], fit_single[key], atol=1e-5)
+
+
+def test_custom_loop_two_workers_equal_one_process():
+    single = run_single([KERAS, "custom", "--batch", str(2 * B)], timeout=300).check().json()
+    two = [r.check().json() for r in run_ranks([KERAS, "custom", "--batch", str(B)], 2, timeout=300)]
+    for r in two:
+        assert _max_diff(r["weights"], single["weights"]) < 1e-5, f"rank {r['rank']}"
+        np.testing.assert_allclose(r["loss"], single["loss"], rtol=1e-5)
+        # distribute_datasets_from_function + strategy.reduce count the whole test set.
+        assert r["total"] == 53 and r["correct"] == single["correct"]
+
+
+def test_uneven_shards_do_not_hang():
+    two = [r.check().json() for r in run_ranks([KERAS, "uneven"], 2, timeout=300)]
+    # Every worker runs as many steps as the longest shard (5), then stops.
+    assert [r["steps"] for r in two] == [5, 5]
+    assert _max_diff(two[0]["weights"], two[1]["weights"]) == 0.0
+    assert all(np.isfinite(np.asarray(w)).all() for w in two[0]["weights"])
+
+
+def test_jit_compile_gives_a_clear_error():
+    for r in run_ranks([KERAS, "jit"], 2, timeout=300):
+        err = r.check().json()["error"]
+        assert err and "jit_compile=False" in err, err
+
+
+def test_disagreeing_ranks_get_invalid_argument_naming_both():
+    for r in run_ranks([KERAS, "mismatch"], 2, timeout=300):
+        res = r.check().json()
+        assert "rank 0" in res["shape_error"] and "float32[3]" in res["shape_error"]
+        assert "rank 1" in res["shape_error"] and "float32[4]" in res["shape_error"]
+        assert "float32[4]" in res["dtype_error"] and "float64[4]" in res["dtype_error"]
+
+
+def test_killed_worker_fails_the_others_naming_it():
+    results = run_ranks([KERAS, "die"], 2, timeout=300, env={"TEST_TIMEOUT": "120"})
+    assert results[1].returncode == -9
+    survivor = results[0]
+    assert survivor.returncode != 0, "rank 0 should fail when rank 1 dies"
+    assert "rank 1" in survivor.stderr and "died" in survivor.stderr, survivor.stderr[-3000:]
+
+
+def test_launcher_reports_killed_worker():
+    p = run_launcher(2, [KERAS, "die"], timeout=300)
+    assert p.returncode != 0
+    assert "rank 1" in p.stderr and "SIGKILL" in p.stderr, p.stderr[-3000:]
+
+
+def test_checkpoints_and_save_written_once(tmp_path):
+    results = run_ranks([KERAS, "save", "--out_dir", str(tmp_path)], 2, timeout=300)
+    for r in results:
+        res = r.check().json()
+        assert res["saved_equal"] and res["ckpt_exists"]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.weights.h5", "model.keras"]
+
+
+def test_single_process_without_launcher():
+    res = run_single([KERAS, "mismatch"], timeout=300).check().json()
+    # With one worker every collective is local: nothing to disagree with.
+    assert res["size"] == 1 and res["shape_error"] is None and res["dtype_error"] is None

@@ -1,0 +1,210 @@
+"""One worker of a TensorFlow/Keras scenario; prints one JSON result line.
+
+Run with TF_SMB_RANK/TF_SMB_SIZE set (or under tf_smb.run) for N workers, or
+with no launcher variables for the single-process reference.
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+import keras
+
+import tf_smb
+
+
+def data(n=96, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6)).astype(np.float32)
+    y = (x[:, :3].sum(1) > x[:, 3:].sum(1)).astype(np.int32) + (x[:, 0] > 1).astype(np.int32)
+    return x, y
+
+
+def build(strategy, lr=0.05):
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((6,)),
+            keras.layers.Dense(8, activation="tanh"),
+            keras.layers.Dense(3),
+        ])
+        model.compile(optimizer=keras.optimizers.Adam(lr),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    return model
+
+
+def scenario_fit(strategy, a):
+    x, y = data()
+    world = strategy.num_replicas_in_sync
+    model = build(strategy)
+    ds = (tf.data.Dataset.from_tensor_slices((x, y))
+          .shuffle(len(x), seed=7, reshuffle_each_iteration=True)
+          .batch(a.batch * world))
+    hist = model.fit(ds, epochs=3, verbose=0)
+    xe, ye = data(n=53, seed=1)  # 53 rows: uneven batches and shards
+    ev = model.evaluate(tf.data.Dataset.from_tensor_slices((xe, ye)).batch(10),
+                        verbose=0, return_dict=True)
+    ev_np = model.evaluate(xe, ye, batch_size=10, verbose=0, return_dict=True)
+    pred = model.predict(tf.data.Dataset.from_tensor_slices(xe).batch(8), verbose=0)
+    pred_np = model.predict(xe, batch_size=8, verbose=0)
+    return {"weights": [w.tolist() for w in model.get_weights()],
+            "loss": hist.history["loss"], "eval": ev, "eval_numpy": ev_np,
+            "pred": pred.tolist(), "pred_numpy": pred_np.tolist()}
+
+
+def scenario_custom(strategy, a):
+    x, y = data()
+    world = strategy.num_replicas_in_sync
+    global_batch = a.batch * world
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
+                                  keras.layers.Dense(3)])
+        opt = keras.optimizers.SGD(0.1, momentum=0.9)
+        opt.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="none")
+    ds = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch))
+
+    @tf.function
+    def step(batch):
+        def replica_fn(xb, yb):
+            with tf.GradientTape() as tape:
+                per_example = loss_fn(yb, model(xb, training=True))
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            # Keras 3 optimizers sum gradients over replicas themselves.
+            opt.apply(grads, model.trainable_variables)
+            return loss
+        per_replica = strategy.run(replica_fn, args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    losses = []
+    for _ in range(3):
+        total = 0.0
+        for batch in ds:
+            total += float(step(batch))
+        losses.append(total)
+
+    def test_fn(ctx):
+        xe, ye = data(n=53, seed=1)
+        return (tf.data.Dataset.from_tensor_slices((xe, ye))
+                .shard(ctx.num_input_pipelines, ctx.input_pipeline_id).batch(5))
+
+    @tf.function
+    def count(batch):
+        def replica_fn(xb, yb):
+            correct = tf.reduce_sum(tf.cast(
+                tf.equal(tf.argmax(model(xb), 1, output_type=tf.int32), yb), tf.int64))
+            return correct, tf.cast(tf.shape(yb)[0], tf.int64)
+        c, n = strategy.run(replica_fn, args=batch)
+        return (strategy.reduce("SUM", c, axis=None), strategy.reduce("SUM", n, axis=None))
+
+    correct = total = 0
+    for batch in strategy.distribute_datasets_from_function(test_fn):
+        c, n = count(batch)
+        correct, total = correct + int(c), total + int(n)
+    return {"weights": [w.tolist() for w in model.get_weights()], "loss": losses,
+            "correct": correct, "total": total}
+
+
+def scenario_uneven(strategy, a):
+    """Shards of unequal length: fit and a custom loop must end together."""
+    x, y = data(n=9)
+    model = build(strategy)
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4), epochs=2, verbose=0)
+    rank = tf_smb.rank()
+
+    def dataset_fn(ctx):
+        n = 5 if ctx.input_pipeline_id == 0 else 3  # batches per worker differ
+        return tf.data.Dataset.from_tensor_slices(x[:n * 2]).batch(2)
+
+    @tf.function
+    def step(batch):
+        return strategy.reduce("SUM", strategy.run(lambda b: tf.reduce_sum(b), args=(batch,)),
+                               axis=None)
+
+    steps = 0
+    for batch in strategy.distribute_datasets_from_function(dataset_fn):
+        step(batch)
+        steps += 1
+    return {"weights": [w.tolist() for w in model.get_weights()], "steps": steps,
+            "rank": rank}
+
+
+def scenario_jit(strategy, a):
+    x, y = data()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", jit_compile=True)
+    try:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        return {"error": None}
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def scenario_mismatch(strategy, a):
+    n = 3 + tf_smb.rank()
+    out = {}
+    try:
+        tf_smb.allreduce([tf.ones([n])])
+        out["shape_error"] = None
+    except tf.errors.InvalidArgumentError as e:
+        out["shape_error"] = e.message
+    dtype = tf.float32 if tf_smb.rank() == 0 else tf.float64
+    try:
+        tf.function(lambda: tf_smb.allreduce([tf.ones([4], dtype)]))()
+        out["dtype_error"] = None
+    except tf.errors.InvalidArgumentError as e:
+        out["dtype_error"] = e.message
+    return out
+
+
+def scenario_die(strategy, a):
+    """The last rank SIGKILLs itself at its 3rd training batch."""
+    x, y = data(n=4000)
+    model = build(strategy)
+
+    class Die(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 3 and tf_smb.rank() == tf_smb.size() - 1:
+                os.kill(os.getpid(), 9)
+
+    model.fit(x, y, batch_size=8, epochs=50, verbose=0, callbacks=[Die()])
+    return {"finished": True}
+
+
+def scenario_save(strategy, a):
+    x, y = data()
+    model = build(strategy)
+    ckpt = os.path.join(a.out_dir, "ckpt.weights.h5")
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[
+        keras.callbacks.ModelCheckpoint(ckpt, save_weights_only=True)])
+    path = os.path.join(a.out_dir, "model.keras")
+    model.save(path)
+    tf_smb.barrier()
+    loaded = keras.models.load_model(path)
+    same = all(np.array_equal(w1, w2) for w1, w2 in zip(loaded.get_weights(),
+                                                        model.get_weights()))
+    return {"saved_equal": same, "ckpt_exists": os.path.exists(ckpt)}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--out_dir", default="/tmp")
+    a = p.parse_args()
+    keras.utils.set_random_seed(1234)
+    strategy = tf_smb.SMBStrategy(timeout_s=float(os.environ.get("TEST_TIMEOUT", "60")))
+    result = globals()["scenario_" + a.scenario](strategy, a)
+    result["rank"] = tf_smb.rank()
+    result["size"] = tf_smb.size()
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
