@@ -21,7 +21,8 @@ Single process, without tf_smb:
     python examples/custom_loop.py --strategy=default
     python examples/custom_loop.py --strategy=mirrored
 
-`--batch_size` is the GLOBAL batch size (summed over all workers).
+`--batch_size` is the GLOBAL batch size (summed over all workers); it must
+divide evenly among the replicas.
 """
 from __future__ import annotations
 

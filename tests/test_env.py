@@ -1,0 +1,48 @@
+"""Rank, size and job id come from every supported launcher's environment."""
+import pytest
+
+from tf_smb import env
+
+
+@pytest.mark.parametrize("variables, launcher", [
+    ({"TF_SMB_RANK": "1", "TF_SMB_SIZE": "3", "TF_SMB_JOB_ID": "j"}, "tf"),
+    ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "3"}, "horovod"),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "3"}, "ompi"),
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "77"}, "slurm"),
+])
+def test_launchers(variables, launcher):
+    job = env.detect(variables)
+    assert (job.rank, job.size, job.launcher) == (1, 3, launcher)
+
+
+def test_job_ids_shared_by_one_job_and_distinct_across_jobs():
+    a = env.detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "5",
+                    "SLURM_STEP_ID": "1"})
+    b = env.detect({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "5",
+                    "SLURM_STEP_ID": "1"})
+    c = env.detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "6"})
+    assert a.job_id == b.job_id != c.job_id
+    m = env.detect({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
+                    "PMIX_NAMESPACE": "prterun-host-123@1"})
+    assert m.job_id == "mpi-prterun-host-123_1"  # sanitised for a shm name
+
+
+def test_no_launcher_is_a_single_worker():
+    job = env.detect({})
+    assert (job.rank, job.size, job.launcher) == (0, 1, "none")
+
+
+@pytest.mark.parametrize("variables", [
+    {"TF_SMB_RANK": "2", "TF_SMB_SIZE": "2"},
+    {"TF_SMB_RANK": "x", "TF_SMB_SIZE": "2"},
+    {"SLURM_PROCID": "0", "SLURM_NTASKS": "0"},
+])
+def test_bad_values_raise(variables):
+    with pytest.raises(ValueError):
+        env.detect(variables)
+
+
+def test_launcher_box_flag():
+    job = env.detect({"TF_SMB_RANK": "0", "TF_SMB_SIZE": "2", "TF_SMB_JOB_ID": "j",
+                      "TF_SMB_BOX_CREATED": "1"})
+    assert job.box_created

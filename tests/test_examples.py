@@ -1,0 +1,31 @@
+"""The examples train to the accuracy bar on real data under the launcher."""
+import os
+import re
+
+from harness import REPO, rank_lines, run_launcher
+
+
+def _accuracies(output, world):
+    accs = []
+    for rank in range(world):
+        found = [float(m.group(1)) for line in rank_lines(output, rank)
+                 for m in [re.match(r"test accuracy: ([0-9.]+)", line)] if m]
+        assert found, f"rank {rank} printed no test accuracy:\n{output[-3000:]}"
+        accs.append(found[-1])
+    return accs
+
+
+def test_keras_digits_two_workers_reach_090():
+    p = run_launcher(2, [os.path.join(REPO, "examples", "keras_digits.py")], timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
+    accs = _accuracies(p.stdout, 2)
+    assert min(accs) >= 0.90, accs
+    assert accs[0] == accs[1]  # evaluated over the whole test set on both
+
+
+def test_custom_loop_two_workers_reach_090():
+    p = run_launcher(2, [os.path.join(REPO, "examples", "custom_loop.py")], timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
+    accs = _accuracies(p.stdout, 2)
+    assert min(accs) >= 0.90, accs
+    assert accs[0] == accs[1]
