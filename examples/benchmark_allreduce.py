@@ -59,6 +59,7 @@ flags.DEFINE_bool("smoke", False, "tiny sets and few iterations, for CI")
 flags.DEFINE_integer("workers", 2, "number of workers")
 flags.DEFINE_integer("iters", None, "timed iterations (default 10; 3 with --smoke)")
 flags.DEFINE_integer("warmup", None, "untimed iterations first (default 3; 1 with --smoke)")
+flags.DEFINE_integer("staging_bytes", 0, "tf_smb.run --staging-bytes (0: its default)")
 flags.DEFINE_float("timeout", 600.0, "seconds each benchmark subprocess may run")
 flags.DEFINE_string("out_dir", "bench_out", "where results.md and results.csv go")
 
@@ -227,7 +228,9 @@ def bench_collective(role: str, set_name: str, iters: int, warmup: int) -> Optio
         filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     args = worker_args(role, set_name, iters, warmup)
     if role == "smb":
-        cmds = [([sys.executable, "-m", "tf_smb.run", "-np", str(FLAGS.workers), *args], env)]
+        staging = [f"--staging-bytes={FLAGS.staging_bytes}"] if FLAGS.staging_bytes else []
+        cmds = [([sys.executable, "-m", "tf_smb.run", "-np", str(FLAGS.workers), *staging,
+                  *args], env)]
     else:
         hosts = [f"127.0.0.1:{p}" for p in free_ports(FLAGS.workers)]
         cmds = [(args, dict(env, TF_CONFIG=json.dumps(

@@ -1,5 +1,6 @@
 """SMBStrategy across processes: equivalence with one process on the global
 batch, evaluate/predict over all data, uneven shards, errors."""
+import json
 import os
 
 import numpy as np
@@ -105,3 +106,26 @@ def test_single_process_without_launcher():
     res = run_single([KERAS, "mismatch"], timeout=300).check().json()
     # With one worker every collective is local: nothing to disagree with.
     assert res["size"] == 1 and res["shape_error"] is None and res["dtype_error"] is None
+
+
+def test_mpirun_launch_without_our_launcher(fit_single, tmp_path):
+    """Open MPI's mpirun: rank/size/job id from its environment, rank 0 makes the box."""
+    import shutil
+    import subprocess
+    import sys
+
+    from harness import base_env
+    mpirun = shutil.which("mpirun")
+    assert mpirun, "tools/install.sh --test installs Open MPI (openmpi-bin)"
+    env = base_env()
+    for key in [k for k in env if k.startswith("TF_SMB_")]:
+        del env[key]
+    p = subprocess.run(
+        [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", "--tag-output",
+         sys.executable, KERAS, "fit", "--batch", str(B), "--result_dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert sorted(r["rank"] for r in results) == [0, 1]
+    for r in results:
+        assert _max_diff(r["weights"], fit_single["weights"]) < 1e-5, f"rank {r['rank']}"

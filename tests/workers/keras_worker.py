@@ -197,6 +197,8 @@ def main():
     p.add_argument("scenario")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--out_dir", default="/tmp")
+    p.add_argument("--result_dir", default=None,
+                   help="also write the result to RESULT_DIR/rank<r>.json")
     a = p.parse_args()
     keras.utils.set_random_seed(1234)
     strategy = tf_smb.SMBStrategy(timeout_s=float(os.environ.get("TEST_TIMEOUT", "60")))
@@ -204,6 +206,9 @@ def main():
     result["rank"] = tf_smb.rank()
     result["size"] = tf_smb.size()
     print(json.dumps(result), flush=True)
+    if a.result_dir:
+        with open(os.path.join(a.result_dir, f"rank{result['rank']}.json"), "w") as f:
+            json.dump(result, f)
 
 
 if __name__ == "__main__":
