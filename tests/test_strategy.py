@@ -99,7 +99,16 @@ def test_checkpoints_and_save_written_once(tmp_path):
     for r in results:
         res = r.check().json()
         assert res["saved_equal"] and res["ckpt_exists"]
-    assert sorted(os.listdir(tmp_path)) == ["ckpt.weights.h5", "model.keras"]
+    # Only rank 0 writes: rank 1's save went nowhere.
+    assert sorted(os.listdir(tmp_path)) == ["by_rank0.keras", "ckpt.weights.h5", "model.keras"]
+
+
+def test_ops_every_dtype_and_initial_broadcast():
+    results = [r.check().json() for r in run_ranks([KERAS, "ops"], 2, timeout=300)]
+    for r in results:
+        assert r["bad"] == [], f"rank {r['rank']}"
+    # Seeded differently, yet both start from rank 0's initial weights.
+    assert _max_diff(results[0]["weights"], results[1]["weights"]) == 0.0
 
 
 def test_single_process_without_launcher():

@@ -177,6 +177,28 @@ def scenario_die(strategy, a):
     return {"finished": True}
 
 
+def scenario_ops(strategy, a):
+    """The TF ops for every dtype (eager and in tf.function), and variables
+    broadcast from rank 0 although every worker seeds differently."""
+    rank = tf_smb.rank()
+    bad = []
+    for dtype in (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64):
+        for n in (0, 1, 7, 4097):
+            x = tf.cast(tf.range(n) % 7 + rank, dtype)
+            want = sum(tf.cast(tf.range(n) % 7 + r, tf.float64) for r in range(tf_smb.size()))
+            for fn in (tf_smb.allreduce, tf.function(tf_smb.allreduce)):
+                got = fn([x])[0]
+                if got.dtype != dtype or not np.array_equal(
+                        tf.cast(got, tf.float64).numpy(), want.numpy()):
+                    bad.append(f"{dtype.name}[{n}]")
+        got = tf_smb.broadcast([tf.cast(tf.fill([5], rank + 1), dtype)], root=1)[0]
+        if not np.array_equal(tf.cast(got, tf.float64).numpy(), np.full(5, 2.0)):
+            bad.append(f"broadcast {dtype.name}")
+    keras.utils.set_random_seed(100 + rank)
+    model = build(strategy)
+    return {"bad": bad, "weights": [w.tolist() for w in model.get_weights()]}
+
+
 def scenario_save(strategy, a):
     x, y = data()
     model = build(strategy)
@@ -185,6 +207,7 @@ def scenario_save(strategy, a):
         keras.callbacks.ModelCheckpoint(ckpt, save_weights_only=True)])
     path = os.path.join(a.out_dir, "model.keras")
     model.save(path)
+    model.save(os.path.join(a.out_dir, f"by_rank{tf_smb.rank()}.keras"))
     tf_smb.barrier()
     loaded = keras.models.load_model(path)
     same = all(np.array_equal(w1, w2) for w1, w2 in zip(loaded.get_weights(),
