@@ -28,13 +28,14 @@ if ! have_build_tools; then
     g++ python3 python3-dev python3-venv python3-pip >/dev/null
 fi
 
-# The tests also launch workers with Open MPI's mpirun.
-if [ "$want_test" = 1 ] && ! command -v mpirun >/dev/null 2>&1; then
-  echo "tools/install.sh: installing Open MPI (openmpi-bin) for the tests" >&2
+# The tests also launch workers with Open MPI's mpirun and build with
+# Debian's offline Bazel.
+if [ "$want_test" = 1 ] && { ! command -v mpirun >/dev/null 2>&1 || ! command -v bazel >/dev/null 2>&1; }; then
+  echo "tools/install.sh: installing Open MPI and Bazel (openmpi-bin bazel-bootstrap) for the tests" >&2
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin bazel-bootstrap >/dev/null
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then

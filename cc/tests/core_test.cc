@@ -1,0 +1,110 @@
+// Single-process checks of the box core: reduction kernels (including the
+// float16/bfloat16 rounding), the box lifecycle and the segment table.
+// Multi-process collectives are tested from Python (tests/test_core.py).
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/smb/box.h"
+#include "cc/smb/communicator.h"
+#include "cc/smb/dtype.h"
+
+namespace {
+
+int failures = 0;
+
+void Check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+    ++failures;
+  }
+}
+
+void TestSums() {
+  const float a[] = {1.5f, -2.0f, 1e30f};
+  const float b[] = {2.25f, 2.0f, 1e30f};
+  float f[3];
+  smb::SumInto(smb::DType::kFloat32, f, a, b, 3);
+  Check(f[0] == 3.75f && f[1] == 0.0f && f[2] == 2e30f, "float32 sum");
+
+  // float16: 1.0 (0x3c00) + 2^-11 (0x1000) is a tie, rounds to even: 1.0.
+  const uint16_t h1[] = {0x3c00, 0x3c00, 0x7bff, 0x0001};
+  const uint16_t h2[] = {0x1000, 0x3c00, 0x7bff, 0x0001};
+  uint16_t h[4];
+  smb::SumInto(smb::DType::kFloat16, h, h1, h2, 4);
+  Check(h[0] == 0x3c00, "float16 tie to even");
+  Check(h[1] == 0x4000, "float16 1+1=2");
+  Check(h[2] == 0x7c00, "float16 overflow to inf");
+  Check(h[3] == 0x0002, "float16 subnormals");
+
+  // bfloat16: 1.0 (0x3f80) + 1.0 = 2.0 (0x4000).
+  const uint16_t g1[] = {0x3f80, 0x7fc0};
+  const uint16_t g2[] = {0x3f80, 0x3f80};
+  uint16_t g[2];
+  smb::SumInto(smb::DType::kBFloat16, g, g1, g2, 2);
+  Check(g[0] == 0x4000, "bfloat16 1+1=2");
+  Check((g[1] & 0x7f80) == 0x7f80 && (g[1] & 0x7f) != 0, "bfloat16 NaN stays NaN");
+
+  const int32_t i1[] = {2147483647};
+  const int32_t i2[] = {1};
+  int32_t i[1];
+  smb::SumInto(smb::DType::kInt32, i, i1, i2, 1);
+  Check(i[0] == -2147483647 - 1, "int32 wraps");
+}
+
+void TestBoxAndSegments() {
+  smb::Box::Options o;
+  o.job_id = "core-test-" + std::to_string(getpid());
+  o.world = 2;
+  o.heap_bytes = 1 << 20;
+  std::unique_ptr<smb::Box> box;
+  smb::Status s = smb::Box::Create(o, &box);
+  Check(s.ok(), "create: " + s.ToString());
+  if (!s.ok()) return;
+  std::unique_ptr<smb::Box> again;
+  Check(smb::Box::Create(o, &again).code() == smb::Code::kAlreadyExists,
+        "second create of a live job fails");
+  uint64_t key = 0;
+  Check(box->CreateSegment("w", smb::DType::kFloat32, {2, 3}, &key).ok(), "segment");
+  smb::Segment seg;
+  Check(box->AttachSegment(key, smb::DType::kFloat32, {2, 3}, &seg).ok() &&
+            seg.bytes == 24,
+        "attach segment");
+  Check(box->AttachSegment(key, smb::DType::kInt32, {2, 3}, &seg).code() ==
+            smb::Code::kInvalidArgument,
+        "attach with other dtype fails");
+  Check(box->CreateSegment("big", smb::DType::kFloat64, {1 << 20}, &key).code() ==
+            smb::Code::kResourceExhausted,
+        "heap bound");
+  Check(smb::Box::ValidateJobId("../etc").code() == smb::Code::kInvalidArgument,
+        "job id with '/' refused");
+}
+
+void TestSingleWorkerCommunicator() {
+  smb::Communicator::Options o;
+  o.job_id = "unused";
+  std::unique_ptr<smb::Communicator> comm;
+  Check(smb::Communicator::Open(o, &comm).ok(), "open world 1");
+  std::vector<double> in = {1, 2, 3}, out(3);
+  Check(comm->AllReduceSum({{smb::DType::kFloat64, {3}, in.data(), out.data()}}).ok() &&
+            out == in,
+        "world-1 all-reduce copies");
+  o.rank = 1;
+  Check(smb::Communicator::Open(o, &comm).code() == smb::Code::kInvalidArgument,
+        "rank out of range refused");
+}
+
+}  // namespace
+
+int main() {
+  TestSums();
+  TestBoxAndSegments();
+  TestSingleWorkerCommunicator();
+  if (failures == 0) std::printf("core_test: all checks passed\n");
+  return failures == 0 ? 0 : 1;
+}
