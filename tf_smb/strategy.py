@@ -175,8 +175,8 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
             if t.dtype not in _SUPPORTED_DTYPES:
                 raise tf.errors.InvalidArgumentError(
                     None, None,
-                    f"SMBStrategy reduces float32, float64, float16, bfloat16, "
-                    f"int32 and int64 tensors; got {t.dtype.name} ({t.name if hasattr(t, 'name') and not tf.executing_eagerly() else 'eager tensor'})")
+                    "SMBStrategy reduces float32, float64, float16, bfloat16, "
+                    f"int32 and int64 tensors; got {t.dtype.name}")
         summed = smb_ops.allreduce(tensors)
         if reduce_op == tf.distribute.ReduceOp.MEAN:
             summed = [s / tf.cast(self._job.size, s.dtype) if s.dtype.is_floating
