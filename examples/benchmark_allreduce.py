@@ -18,7 +18,8 @@ Sets: 1MB, 16MB, 100MB (one float32 tensor each, MiB) and resnet50 (the shapes o
     PYTHONPATH=. python examples/benchmark_allreduce.py --sets=1MB,16MB --iters=5
     PYTHONPATH=. python examples/benchmark_allreduce.py --smoke --out_dir=/tmp/bench
 
-Writes `results.md` and `results.csv` to `--out_dir` and prints the markdown table.
+Prints the markdown table and writes it (`results.md`), the medians (`results.csv`) and
+every timing (`results.json`) to `--out_dir`.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ flags.DEFINE_integer("iters", None, "timed iterations (default 10; 3 with --smok
 flags.DEFINE_integer("warmup", None, "untimed iterations first (default 3; 1 with --smoke)")
 flags.DEFINE_integer("staging_bytes", 0, "tf_smb.run --staging-bytes (0: its default)")
 flags.DEFINE_float("timeout", 600.0, "seconds each benchmark subprocess may run")
-flags.DEFINE_string("out_dir", "bench_out", "where results.md and results.csv go")
+flags.DEFINE_string("out_dir", "bench_out", "where results.md, .csv and .json go")
 
 
 # --------------------------------------------------------------------------- sets
@@ -271,9 +272,10 @@ def fmt(x: Optional[float], spec: str = ".4g") -> str:
 
 
 def run_driver(sets: List[str], iters: int, warmup: int) -> None:
-    """Benchmarks every set; prints the markdown table and writes it and the CSV."""
+    """Benchmarks every set; prints the markdown table, writes it, the CSV and the JSON."""
     header = ["set", "MB", "SMB ms", "MWMS-RING ms", "memcpy ms", "MWMS/SMB", "SMB/memcpy"]
     rows: List[List[Optional[float]]] = []  # the numbers of each row, after the set name
+    raw: Dict[str, dict] = {}  # every timing, for results.json
     for name in sets:
         nbytes = set_bytes(set_shapes(name))
         smb = bench_collective("smb", name, iters, warmup)
@@ -281,7 +283,9 @@ def run_driver(sets: List[str], iters: int, warmup: int) -> None:
         for r in (smb, mwms):
             if r is not None and r["bytes"] != nbytes:
                 raise RuntimeError(f"{r['role']} all-reduced {r['bytes']} bytes, want {nbytes}")
-        copy = 1e3 * statistics.median(memcpy_times(nbytes, max(iters, 20)))
+        copies = memcpy_times(nbytes, max(iters, 20))
+        copy = 1e3 * statistics.median(copies)
+        raw[name] = {"smb": smb, "mwms": mwms, "memcpy_times_s": copies}
         s, m = median_ms(smb), median_ms(mwms)
         rows.append([nbytes / 2**20, s, m, copy, ratio(m, s), ratio(s, copy)])
         print(f"{name}: SMB {fmt(s)} ms, MWMS-RING {fmt(m)} ms, memcpy {fmt(copy)} ms",
@@ -295,6 +299,7 @@ def run_driver(sets: List[str], iters: int, warmup: int) -> None:
     out_dir = pathlib.Path(FLAGS.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.md").write_text(table + note)
+    (out_dir / "results.json").write_text(json.dumps(raw, indent=1))
     with open(out_dir / "results.csv", "w", newline="") as f:
         csv.writer(f).writerows([header] + [[name, *(fmt(x, ".6g") for x in row)]
                                             for name, row in zip(sets, rows)])
