@@ -172,7 +172,7 @@ Status Box::Create(const Options& options, std::unique_ptr<Box>* out) {
   pthread_mutexattr_destroy(&attr);
   h->attached.store(1);
   h->ready.store(1, std::memory_order_release);
-  out->reset(new Box(name, h, total));
+  *out = std::make_unique<Box>(Key(), name, h, total);
   return Status::Ok();
 }
 
@@ -208,7 +208,7 @@ Status Box::Attach(const std::string& job_id, double timeout_s,
           if (p == nullptr) return SystemError("mmap(" + name + ")");
           auto* full = static_cast<BoxHeader*>(p);
           full->attached.fetch_add(1);
-          out->reset(new Box(name, full, total));
+          *out = std::make_unique<Box>(Key(), name, full, total);
           return Status::Ok();
         }
         if (hp != nullptr) munmap(hp, sizeof(BoxHeader));

@@ -112,6 +112,13 @@ class Box {
   static Status ValidateJobId(const std::string& job_id);
   static std::string ShmName(const std::string& job_id);
 
+  // Only Create() and Attach() can make the key: use those.
+  class Key {
+    friend class Box;
+    Key() = default;
+  };
+  Box(Key, std::string name, BoxHeader* header, size_t bytes)
+      : name_(std::move(name)), header_(header), mapped_bytes_(bytes) {}
   ~Box();
   Box(const Box&) = delete;
   Box& operator=(const Box&) = delete;
@@ -134,8 +141,6 @@ class Box {
                        const std::vector<int64_t>& shape, Segment* out);
 
  private:
-  Box(std::string name, BoxHeader* header, size_t bytes)
-      : name_(std::move(name)), header_(header), mapped_bytes_(bytes) {}
   Status LockTable();
   void UnlockTable();
 

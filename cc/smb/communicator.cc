@@ -151,11 +151,11 @@ Status Communicator::Open(const Options& options,
     }
     slot.pid.store(getpid());
   }
-  out->reset(new Communicator(options, std::move(box)));
+  *out = std::make_unique<Communicator>(Key(), options, std::move(box));
   return Status::Ok();
 }
 
-Communicator::Communicator(const Options& options, std::unique_ptr<Box> box)
+Communicator::Communicator(Key, const Options& options, std::unique_ptr<Box> box)
     : box_(std::move(box)),
       rank_(options.rank),
       world_(options.world),

@@ -49,6 +49,12 @@ class Communicator {
   };
 
   static Status Open(const Options& options, std::unique_ptr<Communicator>* out);
+  // Only Open() can make the key: use it.
+  class Key {
+    friend class Communicator;
+    Key() = default;
+  };
+  Communicator(Key, const Options& options, std::unique_ptr<Box> box);
   ~Communicator();
 
   // out = sum over ranks of in, for every tensor (any mix of dtypes).
@@ -63,7 +69,6 @@ class Communicator {
   void set_timeout(double seconds) { timeout_s_ = seconds; }
 
  private:
-  Communicator(const Options& options, std::unique_ptr<Box> box);
   // Arrive at the next barrier and wait for every rank to arrive too.
   Status Sync(const std::string& what);
   // Publish `desc`, sync, and fail on every rank alike if any rank disagrees.
