@@ -85,12 +85,15 @@ def _shm_path(name):
     return "/dev/shm/" + name.lstrip("/")
 
 
-def test_box_is_private_and_removed_after_clean_end():
+def test_box_is_private_bounded_and_removed_after_clean_end():
     from tf_smb import _box
     job = f"private-{os.getpid()}"
-    box = _box.create_box(job, 2)
+    # 8 workers, 1 MiB staging, 1 MiB heap: the box is ~2*8*1 MiB + 2 MiB
+    # whatever the size of the tensors later reduced through it.
+    box = _box.create_box(job, 8, staging_bytes=1 << 20, heap_bytes=1 << 20)
     path = _shm_path(box.name)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert os.stat(path).st_size <= (2 * 8 + 1) * (1 << 20) + (4 << 20)
     box.close()
     assert not os.path.exists(path)
 
