@@ -143,3 +143,40 @@ def test_sigkilled_job_leaves_nothing_that_breaks_the_next():
     assert not os.path.exists(path)
     # And reclaim_stale finds nothing of ours left over.
     assert _box.reclaim_stale() == 0
+
+
+# ---- Asynchronous mode: parameters in the box -------------------------------
+
+def test_concurrent_pushes_are_never_lost():
+    results = [r.check().json() for r in run_ranks([CORE, "push"], 3, timeout=300)]
+    for res in results:
+        assert res["values"] == {"float32": [6000.0], "float64": [6000.0],
+                                 "int32": [6000], "int64": [6000]}, res
+        assert res["axpy"] == [3000.0]
+        assert "float32[257]" in res["errors"][0] and "float32[256]" in res["errors"][0]
+        assert "float64[257]" in res["errors"][1]
+
+
+def test_consistent_reads_are_never_torn():
+    results = [r.check().json() for r in run_ranks([CORE, "torn"], 3, timeout=300)]
+    assert results[0]["writes"] > 100
+    for res in results[1:]:
+        assert res["torn"] == 0
+        assert res["seen_1"] + res["seen_2"] == 10_000
+        assert res["seen_1"] > 0 and res["seen_2"] > 0  # both patterns were read
+
+
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_staleness_bound_holds(staleness):
+    results = [r.check().json() for r in run_ranks(
+        [CORE, "staleness"], 2, timeout=120, env={"STALENESS": str(staleness)})]
+    for res in results:
+        assert res["max_gap"] <= staleness, res
+    # The fast rank is held back to the slow one's pace.
+    assert results[0]["steps"] <= results[1]["steps"] + staleness + 1
+
+
+def test_no_staleness_bound_lets_the_fast_worker_run_ahead():
+    results = [r.check().json() for r in run_ranks(
+        [CORE, "staleness"], 2, timeout=120, env={"STALENESS": "-1"})]
+    assert results[0]["steps"] > 3 * results[1]["steps"], results

@@ -11,9 +11,11 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "cc/smb/communicator.h"
+#include "cc/smb/store.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -95,6 +97,48 @@ class SmbContext {
     return absl::OkStatus();
   }
 
+  // Creates or attaches the box segment `name` and remembers it.
+  absl::Status CreateSegment(const std::string& name, smb::DType dtype,
+                             const std::vector<int64_t>& shape,
+                             smb::Segment* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (comm_ == nullptr || comm_->box() == nullptr) {
+      return absl::FailedPreconditionError(
+          "box segments need a job of 2 or more workers joined with "
+          "tf_smb.init()");
+    }
+    uint64_t key = 0;
+    absl::Status s = ToTfStatus(comm_->box()->CreateSegment(name, dtype, shape, &key));
+    if (s.ok()) s = ToTfStatus(comm_->box()->AttachSegment(key, dtype, shape, out));
+    if (s.ok()) segments_[name] = *out;
+    return s;
+  }
+
+  // The segment `name`, checked against the dtype and shape the caller holds.
+  absl::Status FindSegment(const std::string& name, smb::DType dtype,
+                           const std::vector<int64_t>& shape, smb::Segment* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = segments_.find(name);
+    if (it == segments_.end()) {
+      return absl::NotFoundError("no box segment '" + name +
+                                 "' in this process; create it first");
+    }
+    const smb::Segment& seg = it->second;
+    if (seg.dtype != dtype || seg.shape != shape) {
+      return absl::InvalidArgumentError(
+          "box segment '" + name + "' holds " + smb::DTypeName(seg.dtype) +
+          smb::ShapeString(seg.shape) + ", got " + smb::DTypeName(dtype) +
+          smb::ShapeString(shape));
+    }
+    *out = seg;
+    return absl::OkStatus();
+  }
+
+  smb::Communicator* comm() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return comm_.get();
+  }
+
   ~SmbContext() {
     std::unique_lock<std::mutex> lock(mu_);
     stop_ = true;
@@ -134,6 +178,7 @@ class SmbContext {
   std::deque<std::function<void(smb::Communicator*)>> queue_;
   std::unique_ptr<smb::Communicator> comm_;
   std::string job_id_;
+  std::unordered_map<std::string, smb::Segment> segments_;
   std::thread worker_;
   bool busy_ = false;
   bool stop_ = false;
@@ -239,6 +284,194 @@ class SmbBarrierOp : public AsyncOpKernel {
         done);
   }
 };
+
+// ---- Asynchronous mode ------------------------------------------------------
+
+absl::Status DescribeTensor(const Tensor& t, smb::DType* dtype,
+                            std::vector<int64_t>* shape) {
+  if (!ToSmbDType(t.dtype(), dtype)) {
+    return absl::InvalidArgumentError("unsupported dtype " +
+                                      DataTypeString(t.dtype()));
+  }
+  const auto dims = t.shape().dim_sizes();
+  shape->assign(dims.begin(), dims.end());
+  return absl::OkStatus();
+}
+
+class SmbParamCreateOp : public OpKernel {
+ public:
+  explicit SmbParamCreateOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("name", &name_));
+    OP_REQUIRES_OK(c, c->GetAttr("write", &write_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& value = c->input(0);
+    smb::DType dtype;
+    std::vector<int64_t> shape;
+    OP_REQUIRES_OK(c, DescribeTensor(value, &dtype, &shape));
+    smb::Segment seg;
+    OP_REQUIRES_OK(c, SmbContext::Get().CreateSegment(name_, dtype, shape, &seg));
+    if (write_) {
+      OP_REQUIRES_OK(c, ToTfStatus(smb::AssignSegment(seg, value.tensor_data().data())));
+    }
+  }
+
+ private:
+  std::string name_;
+  bool write_;
+};
+
+class SmbParamReadOp : public OpKernel {
+ public:
+  explicit SmbParamReadOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("name", &name_));
+    OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
+    OP_REQUIRES_OK(c, c->GetAttr("T", &dtype_));
+    bool consistent;
+    OP_REQUIRES_OK(c, c->GetAttr("consistent", &consistent));
+    mode_ = consistent ? smb::ReadMode::kConsistent : smb::ReadMode::kHogwild;
+  }
+  void Compute(OpKernelContext* c) override {
+    smb::DType dtype;
+    OP_REQUIRES(c, ToSmbDType(dtype_, &dtype),
+                absl::InvalidArgumentError("unsupported dtype"));
+    const auto dims = shape_.dim_sizes();
+    std::vector<int64_t> shape(dims.begin(), dims.end());
+    smb::Segment seg;
+    OP_REQUIRES_OK(c, SmbContext::Get().FindSegment(name_, dtype, shape, &seg));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, shape_, &out));
+    OP_REQUIRES_OK(c, ToTfStatus(smb::ReadSegment(
+                          seg, const_cast<char*>(out->tensor_data().data()), mode_)));
+  }
+
+ private:
+  std::string name_;
+  TensorShape shape_;
+  DataType dtype_;
+  smb::ReadMode mode_;
+};
+
+class SmbParamPushOp : public OpKernel {
+ public:
+  explicit SmbParamPushOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("name", &name_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& delta = c->input(0);
+    smb::DType dtype;
+    std::vector<int64_t> shape;
+    OP_REQUIRES_OK(c, DescribeTensor(delta, &dtype, &shape));
+    smb::Segment seg;
+    OP_REQUIRES_OK(c, SmbContext::Get().FindSegment(name_, dtype, shape, &seg));
+    OP_REQUIRES_OK(c, ToTfStatus(smb::Accumulate(seg, delta.tensor_data().data())));
+  }
+
+ private:
+  std::string name_;
+};
+
+class SmbParamApplySgdOp : public OpKernel {
+ public:
+  explicit SmbParamApplySgdOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("name", &name_));
+    OP_REQUIRES_OK(c, c->GetAttr("momentum", &momentum_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& grad = c->input(0);
+    const Tensor& lr = c->input(1);
+    OP_REQUIRES(c, TensorShapeUtils::IsScalar(lr.shape()),
+                absl::InvalidArgumentError("learning_rate must be a scalar, got shape " +
+                                           lr.shape().DebugString()));
+    smb::DType dtype;
+    std::vector<int64_t> shape;
+    OP_REQUIRES_OK(c, DescribeTensor(grad, &dtype, &shape));
+    smb::Segment seg;
+    OP_REQUIRES_OK(c, SmbContext::Get().FindSegment(name_, dtype, shape, &seg));
+    const double rate = lr.scalar<float>()();
+    if (momentum_ == 0.0f) {
+      OP_REQUIRES_OK(c, ToTfStatus(smb::Axpy(seg, -rate, grad.tensor_data().data())));
+      return;
+    }
+    smb::Segment velocity;
+    OP_REQUIRES_OK(c, SmbContext::Get().CreateSegment(name_ + "/velocity", dtype,
+                                                      shape, &velocity));
+    OP_REQUIRES_OK(c, ToTfStatus(smb::MomentumStep(seg, velocity, rate, momentum_,
+                                                   grad.tensor_data().data())));
+  }
+
+ private:
+  std::string name_;
+  float momentum_;
+};
+
+class SmbClockTickOp : public AsyncOpKernel {
+ public:
+  explicit SmbClockTickOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("staleness", &staleness_));
+  }
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    Tensor* gap = nullptr;
+    OP_REQUIRES_OK_ASYNC(c, c->allocate_output(0, TensorShape({}), &gap), done);
+    const int64_t staleness = staleness_;
+    // Not on the collective thread: a staleness wait must not hold back
+    // another op's collective, and it touches only atomics in the box.
+    smb::Communicator* comm = SmbContext::Get().comm();
+    OP_REQUIRES_ASYNC(c, comm != nullptr,
+                      absl::FailedPreconditionError("join a job first (tf_smb.init())"),
+                      done);
+    std::thread([c, gap, comm, staleness, done] {
+      int64_t g = 0;
+      c->SetStatus(ToTfStatus(comm->ClockTick(staleness, &g)));
+      gap->scalar<int64_t>()() = g;
+      done();
+    }).detach();
+  }
+
+ private:
+  int64_t staleness_;
+};
+
+class SmbClockFinishOp : public OpKernel {
+ public:
+  explicit SmbClockFinishOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("finished", &finished_));
+  }
+  void Compute(OpKernelContext* c) override {
+    smb::Communicator* comm = SmbContext::Get().comm();
+    OP_REQUIRES(c, comm != nullptr,
+                absl::FailedPreconditionError("join a job first (tf_smb.init())"));
+    if (finished_) {
+      comm->ClockFinish();
+    } else {
+      comm->ClockResume();
+    }
+  }
+
+ private:
+  bool finished_;
+};
+
+class SmbWaitAllFinishedOp : public AsyncOpKernel {
+ public:
+  explicit SmbWaitAllFinishedOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    OP_REQUIRES_OK_ASYNC(
+        c, SmbContext::Get().Enqueue([c, done](smb::Communicator* comm) {
+          c->SetStatus(ToTfStatus(comm->WaitAllFinished()));
+          done();
+        }),
+        done);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SmbParamCreate").Device(DEVICE_CPU), SmbParamCreateOp);
+REGISTER_KERNEL_BUILDER(Name("SmbParamRead").Device(DEVICE_CPU), SmbParamReadOp);
+REGISTER_KERNEL_BUILDER(Name("SmbParamPush").Device(DEVICE_CPU), SmbParamPushOp);
+REGISTER_KERNEL_BUILDER(Name("SmbParamApplySgd").Device(DEVICE_CPU), SmbParamApplySgdOp);
+REGISTER_KERNEL_BUILDER(Name("SmbClockTick").Device(DEVICE_CPU), SmbClockTickOp);
+REGISTER_KERNEL_BUILDER(Name("SmbClockFinish").Device(DEVICE_CPU), SmbClockFinishOp);
+REGISTER_KERNEL_BUILDER(Name("SmbWaitAllFinished").Device(DEVICE_CPU), SmbWaitAllFinishedOp);
 
 REGISTER_KERNEL_BUILDER(Name("SmbInit").Device(DEVICE_CPU), SmbInitOp);
 REGISTER_KERNEL_BUILDER(Name("SmbAllReduce").Device(DEVICE_CPU), SmbAllReduceOp);

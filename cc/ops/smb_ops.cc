@@ -54,3 +54,76 @@ REGISTER_OP("SmbBarrier")
     .Doc("Returns once every rank has reached this barrier.");
 
 }  // namespace tensorflow
+
+// ---- Asynchronous mode: parameters living in the box ----------------------
+
+namespace tensorflow {
+
+REGISTER_OP("SmbParamCreate")
+    .Input("value: T")
+    .Attr("T: {float, double, half, bfloat16, int32, int64}")
+    .Attr("name: string")
+    .Attr("write: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+Creates (or attaches to) the box segment `name` with value's dtype and shape;
+with `write`, stores `value` in it. Attaching with another dtype or shape fails.
+)doc");
+
+REGISTER_OP("SmbParamRead")
+    .Output("value: T")
+    .Attr("T: {float, double, half, bfloat16, int32, int64}")
+    .Attr("shape: shape")
+    .Attr("name: string")
+    .Attr("consistent: bool = true")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ExplicitShape)
+    .Doc(R"doc(
+Reads segment `name`. `consistent` (seqlock) never returns a half-written
+tensor; false reads without waiting for writers (hogwild).
+)doc");
+
+REGISTER_OP("SmbParamPush")
+    .Input("delta: T")
+    .Attr("T: {float, double, half, bfloat16, int32, int64}")
+    .Attr("name: string")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("Adds `delta` to segment `name` in the box, atomically per segment.");
+
+REGISTER_OP("SmbParamApplySgd")
+    .Input("grad: T")
+    .Input("learning_rate: float")
+    .Attr("T: {float, double, half, bfloat16}")
+    .Attr("name: string")
+    .Attr("momentum: float = 0")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+The box applies an SGD step to segment `name`: w -= learning_rate * grad, or
+with momentum v = momentum * v - learning_rate * grad; w += v (v in the box).
+)doc");
+
+REGISTER_OP("SmbClockTick")
+    .Output("gap: int64")
+    .Attr("staleness: int = -1")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc(R"doc(
+Starts this worker's next step; waits while it is more than `staleness` steps
+ahead of the slowest live worker (-1: never). Returns how far ahead it is.
+)doc");
+
+REGISTER_OP("SmbClockFinish")
+    .Attr("finished: bool = true")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("Marks this worker finished (no longer holding others back) or not.");
+
+REGISTER_OP("SmbWaitAllFinished")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("Waits until every live worker has finished training.");
+
+}  // namespace tensorflow

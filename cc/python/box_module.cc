@@ -10,6 +10,7 @@
 
 #include "cc/smb/box.h"
 #include "cc/smb/communicator.h"
+#include "cc/smb/store.h"
 
 namespace py = pybind11;
 
@@ -59,6 +60,24 @@ std::vector<py::array> EveryOther(const std::vector<py::array>& v) {
   std::vector<py::array> out;
   for (size_t i = 1; i < v.size(); i += 2) out.push_back(v[i]);
   return out;
+}
+
+// The segment `key` checked against an array's dtype and shape.
+smb::Segment SegmentFor(smb::Communicator& c, uint64_t key, const py::array& a) {
+  if (c.box() == nullptr) throw py::value_error("no box with world size 1");
+  smb::Segment seg;
+  ThrowIfError(c.box()->AttachSegment(key, DTypeOf(a), ShapeOf(a), &seg));
+  return seg;
+}
+
+template <typename Fn>
+void WithoutGil(Fn fn) {
+  smb::Status s;
+  {
+    py::gil_scoped_release release;
+    s = fn();
+  }
+  ThrowIfError(s);
 }
 
 class BoxHandle {
@@ -200,5 +219,62 @@ PYBIND11_MODULE(_box, m) {
              return py::array(dt, std::vector<py::ssize_t>(shape.begin(), shape.end()),
                               seg.data, self);
            },
-           "A numpy view of a segment, checked against the dtype and shape given.");
+           "A numpy view of a segment, checked against the dtype and shape given.")
+      .def("read",
+           [](smb::Communicator& c, uint64_t key, py::array out, bool consistent) {
+             py::array a = py::array::ensure(out, py::array::c_style);
+             smb::Segment seg = SegmentFor(c, key, a);
+             void* dst = a.mutable_data();
+             WithoutGil([&] {
+               return smb::ReadSegment(seg, dst, consistent ? smb::ReadMode::kConsistent
+                                                            : smb::ReadMode::kHogwild);
+             });
+             return a;
+           },
+           py::arg("key"), py::arg("out"), py::arg("consistent") = true,
+           "Reads segment `key` into `out` (same dtype and shape).")
+      .def("assign",
+           [](smb::Communicator& c, uint64_t key, py::array value) {
+             py::array a = py::array::ensure(value, py::array::c_style);
+             smb::Segment seg = SegmentFor(c, key, a);
+             const void* src = a.data();
+             WithoutGil([&] { return smb::AssignSegment(seg, src); });
+           })
+      .def("accumulate",
+           [](smb::Communicator& c, uint64_t key, py::array delta) {
+             py::array a = py::array::ensure(delta, py::array::c_style);
+             smb::Segment seg = SegmentFor(c, key, a);
+             const void* src = a.data();
+             WithoutGil([&] { return smb::Accumulate(seg, src); });
+           },
+           "segment += delta, atomically per segment.")
+      .def("axpy",
+           [](smb::Communicator& c, uint64_t key, double alpha, py::array x) {
+             py::array a = py::array::ensure(x, py::array::c_style);
+             smb::Segment seg = SegmentFor(c, key, a);
+             const void* src = a.data();
+             WithoutGil([&] { return smb::Axpy(seg, alpha, src); });
+           },
+           "segment += alpha * x, atomically per segment.")
+      .def("clock_tick",
+           [](smb::Communicator& c, int64_t staleness) {
+             int64_t gap = 0;
+             WithoutGil([&] { return c.ClockTick(staleness, &gap); });
+             return gap;
+           },
+           py::arg("staleness") = -1)
+      .def("clock_finish", &smb::Communicator::ClockFinish)
+      .def("clocks",
+           [](smb::Communicator& c) {
+             std::vector<uint64_t> clocks;
+             if (c.box() == nullptr) return clocks;
+             for (int r = 0; r < c.world(); ++r) {
+               clocks.push_back(c.box()->header()->ranks[r].clock.load());
+             }
+             return clocks;
+           },
+           "Every rank's step clock, read straight from the box.")
+      .def("wait_all_finished", [](smb::Communicator& c) {
+        WithoutGil([&] { return c.WaitAllFinished(); });
+      });
 }

@@ -19,13 +19,23 @@ namespace smb {
 namespace {
 
 constexpr uint64_t kMagic = 0x534d42424f583031ull;  // "SMBBOX01"
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;
 constexpr size_t kPage = 4096;
 constexpr char kShmDir[] = "/dev/shm/";
 // A box still being set up is never reclaimed before this age.
 constexpr double kSetupGraceSeconds = 60.0;
 
 size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// A mutex that works across processes and survives its holder's death.
+void InitSharedMutex(pthread_mutex_t* mu) {
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(mu, &attr);
+  pthread_mutexattr_destroy(&attr);
+}
 
 std::string UserPrefix() {
   return "tf_smb_" + std::to_string(static_cast<unsigned>(getuid())) + "_";
@@ -164,12 +174,7 @@ Status Box::Create(const Options& options, std::unique_ptr<Box>* out) {
   h->heap_bytes = heap;
   h->total_bytes = total;
   std::strncpy(h->job_id, options.job_id.c_str(), sizeof h->job_id - 1);
-  pthread_mutexattr_t attr;
-  pthread_mutexattr_init(&attr);
-  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  pthread_mutex_init(&h->table_lock, &attr);
-  pthread_mutexattr_destroy(&attr);
+  InitSharedMutex(&h->table_lock);
   h->attached.store(1);
   h->ready.store(1, std::memory_order_release);
   *out = std::make_unique<Box>(Key(), name, h, total);
@@ -311,6 +316,7 @@ Status Box::CreateSegment(const std::string& name, DType dtype,
   // The key binds the slot to this box, so a key from another job fails.
   e.key = (static_cast<uint64_t>(h->creator_pid) << 32) | (index + 1);
   e.version.store(0);
+  InitSharedMutex(&e.write_lock);
   h->heap_used = offset + bytes;
   h->segment_count = index + 1;  // publish last
   *key = e.key;

@@ -38,6 +38,10 @@ constexpr size_t kSegmentNameBytes = 128;
 struct alignas(64) RankSlot {
   std::atomic<int32_t> pid;          // 0 until the rank attaches
   std::atomic<uint64_t> arrive_seq;  // barrier generation this rank reached
+  // Asynchronous mode: training steps this rank has started, and whether it
+  // has finished training (then it no longer holds the others back).
+  std::atomic<uint64_t> clock;
+  std::atomic<uint32_t> finished;
   // What this rank is about to do, double-buffered by the collective's parity
   // so a fast rank never overwrites a description a slow rank still reads.
   char desc[2][kDescBytes];
@@ -51,7 +55,10 @@ struct SegmentEntry {
   uint64_t offset;  // from the start of the region
   uint64_t bytes;
   uint64_t key;     // creation key handed to attachers
-  std::atomic<uint64_t> version;  // seqlock word for consistent reads
+  // Seqlock word: odd while an update is being written. Readers retry until
+  // they copied the data between two equal even values.
+  std::atomic<uint64_t> version;
+  pthread_mutex_t write_lock;  // robust, process-shared: one writer at a time
 };
 
 struct BoxHeader {

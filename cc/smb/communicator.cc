@@ -265,6 +265,96 @@ Status Communicator::Agree(const std::string& op, const std::string& desc) {
   return Status::Ok();
 }
 
+bool Communicator::RankGone(int r) const {
+  const int32_t pid = box_->header()->ranks[r].pid.load();
+  return pid != 0 && !IsProcessAlive(pid);
+}
+
+template <typename Done, typename Lagging>
+Status Communicator::WaitUntil(const std::string& what, Done done, Lagging lagging) {
+  BoxHeader* h = box_->header();
+  const double deadline = MonotonicSeconds() + timeout_s_;
+  for (;;) {
+    const uint32_t wake = h->wake.load(std::memory_order_acquire);
+    if (h->aborted.load(std::memory_order_acquire) == 2) return AbortedStatus();
+    if (done()) return Status::Ok();
+    const double now = MonotonicSeconds();
+    if (now >= deadline) {
+      return Status(Code::kDeadlineExceeded,
+                    "rank " + std::to_string(rank_) + " timed out after " +
+                        std::to_string(static_cast<int>(timeout_s_)) + "s in " +
+                        what + " waiting for rank(s) " + lagging());
+    }
+    // Dead ranks never wake us: re-check liveness at least every period.
+    FutexWait(&h->wake, wake, std::min(kLivenessPeriodS, deadline - now));
+  }
+}
+
+Status Communicator::ClockTick(int64_t staleness, int64_t* gap) {
+  *gap = 0;
+  if (world_ == 1) return Status::Ok();
+  BoxHeader* h = box_->header();
+  const uint64_t mine = h->ranks[rank_].clock.fetch_add(1) + 1;
+  h->wake.fetch_add(1, std::memory_order_acq_rel);
+  FutexWakeAll(&h->wake);
+  // Slowest clock among ranks still training (world: none left).
+  auto slowest = [&]() -> uint64_t {
+    uint64_t low = mine;
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_ || h->ranks[r].finished.load() || RankGone(r)) continue;
+      low = std::min<uint64_t>(low, h->ranks[r].clock.load(std::memory_order_acquire));
+    }
+    return low;
+  };
+  if (staleness >= 0) {
+    Status s = WaitUntil(
+        "a staleness wait (bound " + std::to_string(staleness) + ")",
+        [&] { return mine - slowest() <= static_cast<uint64_t>(staleness); },
+        [&] {
+          std::string slow;
+          for (int r = 0; r < world_; ++r) {
+            if (r != rank_ && mine - h->ranks[r].clock.load() >
+                                  static_cast<uint64_t>(staleness)) {
+              slow += (slow.empty() ? "" : ", ") + std::to_string(r);
+            }
+          }
+          return slow;
+        });
+    if (!s.ok()) return s;
+  }
+  *gap = static_cast<int64_t>(mine - slowest());
+  return Status::Ok();
+}
+
+void Communicator::ClockFinish() {
+  if (world_ == 1) return;
+  BoxHeader* h = box_->header();
+  h->ranks[rank_].finished.store(1, std::memory_order_release);
+  h->wake.fetch_add(1, std::memory_order_acq_rel);
+  FutexWakeAll(&h->wake);
+}
+
+void Communicator::ClockResume() {
+  if (world_ == 1) return;
+  box_->header()->ranks[rank_].finished.store(0, std::memory_order_release);
+}
+
+Status Communicator::WaitAllFinished() {
+  if (world_ == 1) return Status::Ok();
+  BoxHeader* h = box_->header();
+  auto unfinished = [&] {
+    std::string list;
+    for (int r = 0; r < world_; ++r) {
+      if (!h->ranks[r].finished.load() && !RankGone(r)) {
+        list += (list.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    return list;
+  };
+  return WaitUntil("waiting for all ranks to finish training",
+                   [&] { return unfinished().empty(); }, unfinished);
+}
+
 Status Communicator::Barrier() {
   if (world_ == 1) return Status::Ok();
   return Agree("barrier", "barrier");

@@ -63,6 +63,17 @@ class Communicator {
   Status Broadcast(int root, const std::vector<TensorRef>& tensors);
   Status Barrier();
 
+  // Asynchronous mode (stale-synchronous parallel). ClockTick starts this
+  // rank's next step, first waiting while it would be more than `staleness`
+  // steps ahead of the slowest rank that is alive and not finished
+  // (staleness < 0: never wait). *gap is how far ahead it then is.
+  Status ClockTick(int64_t staleness, int64_t* gap);
+  // Finished ranks no longer hold the others back; Resume undoes Finish.
+  void ClockFinish();
+  void ClockResume();
+  // Waits until every rank that is alive has finished.
+  Status WaitAllFinished();
+
   int rank() const { return rank_; }
   int world() const { return world_; }
   Box* box() const { return box_.get(); }
@@ -74,6 +85,11 @@ class Communicator {
   // Publish `desc`, sync, and fail on every rank alike if any rank disagrees.
   Status Agree(const std::string& op, const std::string& desc);
   Status Abort(Code code, const std::string& reason);
+  // Waits until done() holds, re-checking on every wake of the box; fails on
+  // abort or after the timeout, naming the ranks that `lagging()` lists.
+  template <typename Done, typename Lagging>
+  Status WaitUntil(const std::string& what, Done done, Lagging lagging);
+  bool RankGone(int r) const;
   Status AbortedStatus() const;
 
   std::unique_ptr<Box> box_;

@@ -144,6 +144,18 @@ void SumHalfLike(void* dst, const void* a, const void* b, size_t n) {
 
 }  // namespace
 
+void ScaleInto(DType dtype, uint16_t* dst, const uint16_t* src, double alpha,
+               size_t n) {
+  const float a = static_cast<float>(alpha);
+  if (dtype == DType::kFloat16) {
+    for (size_t i = 0; i < n; ++i) dst[i] = FloatToHalf(a * HalfToFloat(src[i]));
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      dst[i] = FloatToBFloat16(a * BFloat16ToFloat(src[i]));
+    }
+  }
+}
+
 void SumInto(DType dtype, void* dst, const void* a, const void* b, size_t n) {
   switch (dtype) {
     case DType::kFloat32: return SumPlain<float>(dst, a, b, n);

@@ -29,6 +29,10 @@ bool IsValidDType(int32_t value);
 // float16/bfloat16 are summed in float32 and rounded once (to nearest even).
 void SumInto(DType dtype, void* dst, const void* a, const void* b, size_t n);
 
+// dst[i] = alpha * src[i] for float16/bfloat16 (computed in float32).
+void ScaleInto(DType dtype, uint16_t* dst, const uint16_t* src, double alpha,
+               size_t n);
+
 }  // namespace smb
 
 #endif  // TF_SMB_CC_SMB_DTYPE_H_

@@ -120,6 +120,75 @@ def main():
         except ValueError as e:
             result["recreate_error"] = str(e)
         comm.barrier()
+    elif a.scenario == "push":
+        # Every rank adds +1 (and 0.5 by axpy) to the same segments 2,000 times.
+        keys = {d: comm.create_segment(f"acc-{d}", d, [257]) for d in
+                ("float32", "float64", "int32", "int64")}
+        axpy_key = comm.create_segment("axpy", "float32", [1000])
+        comm.barrier()
+        for _ in range(2000):
+            for d, key in keys.items():
+                comm.accumulate(key, np.ones(257, np_dtype(d)))
+            comm.axpy(axpy_key, 0.5, np.ones(1000, np.float32))
+        # Wrong shape and dtype: refused, nothing written.
+        errors = []
+        for bad in (np.ones(256, np.float32), np.ones(257, np.float64)):
+            try:
+                comm.accumulate(keys["float32"], bad)
+                errors.append(None)
+            except ValueError as e:
+                errors.append(str(e))
+        comm.barrier()
+        result["values"] = {d: np.unique(comm.read(k, np.zeros(257, np_dtype(d)))).tolist()
+                            for d, k in keys.items()}
+        result["axpy"] = np.unique(comm.read(axpy_key, np.zeros(1000, np.float32))).tolist()
+        result["errors"] = errors
+    elif a.scenario == "torn":
+        # Rank 0 writes whole-tensor patterns 1,1,1... / 2,2,2... alternately;
+        # the others check that every consistent read is one pattern.
+        n = 1 << 16
+        key = comm.create_segment("pattern", "float32", [n])
+        stop = comm.create_segment("stop", "int32", [1])
+        if rank == 0:
+            comm.assign(key, np.full(n, 2.0, np.float32))
+        comm.barrier()
+        if rank == 0:
+            patterns = [np.full(n, 1.0, np.float32), np.full(n, 2.0, np.float32)]
+            writes = 0
+            while comm.read(stop, np.zeros(1, np.int32))[0] < world - 1:
+                comm.assign(key, patterns[writes % 2])
+                writes += 1
+            result["writes"] = writes
+        else:
+            buf = np.zeros(n, np.float32)
+            torn = seen_1 = seen_2 = 0
+            for _ in range(10_000):
+                comm.read(key, buf, True)
+                lo, hi = buf.min(), buf.max()
+                torn += int(lo != hi)
+                seen_1 += int(lo == hi == 1.0)
+                seen_2 += int(lo == hi == 2.0)
+            result.update(torn=torn, seen_1=seen_1, seen_2=seen_2)
+            comm.accumulate(stop, np.ones(1, np.int32))
+        comm.barrier()
+    elif a.scenario == "staleness":
+        # Rank 1 is slow; record the largest gap seen in the box's raw clocks.
+        staleness = int(os.environ["STALENESS"])
+        delay = 0.02 if rank == 1 else 0.0
+        comm.barrier()
+        # With a bound both run 40 steps (a rank that finished stops counting,
+        # so neither may stop early); without one both run for 2 seconds.
+        end = time.time() + 2.0
+        steps = max_gap = 0
+        while (steps < 40) if staleness >= 0 else (time.time() < end):
+            comm.clock_tick(staleness)
+            clocks = comm.clocks()
+            max_gap = max(max_gap, clocks[rank] - min(clocks))
+            steps += 1
+            time.sleep(delay)
+        comm.clock_finish()
+        comm.wait_all_finished()
+        result.update(steps=steps, max_gap=max_gap)
     print(json.dumps(result), flush=True)
 
 
