@@ -54,6 +54,15 @@ def define_common_flags() -> None:
     flags.DEFINE_integer("batch_size", 64, "GLOBAL batch size (all workers together).")
     flags.DEFINE_float("learning_rate", 0.003, "Adam learning rate.")
     flags.DEFINE_integer("seed", 0, "Seed for the split, the weights and the shuffle.")
+    flags.DEFINE_enum("mode", "sync", ["sync", "async"],
+                      "SMB only: gradients summed every step (sync), or parameters "
+                      "in the box updated without waiting (async).")
+    flags.DEFINE_integer("staleness", None,
+                         "SMB async only: at most this many steps ahead of the "
+                         "slowest worker (default: no bound).")
+    flags.DEFINE_enum("update", "delta", ["delta", "sgd"],
+                      "SMB async only: delta = the worker's Adam turns gradients "
+                      "into deltas; sgd = the box applies momentum SGD itself.")
 
 
 class Digits(NamedTuple):
@@ -85,11 +94,13 @@ def build_network() -> keras.Model:
     ], name="digits_cnn")
 
 
-def build_model(learning_rate: float) -> keras.Model:
-    """The CNN compiled with Adam and sparse cross-entropy. Call inside `strategy.scope()`."""
+def build_model(learning_rate: float, optimizer: str = "adam") -> keras.Model:
+    """The CNN compiled with Adam (or SGD) and sparse cross-entropy. Call inside
+    `strategy.scope()`."""
     model = build_network()
     model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate),
+        optimizer=(keras.optimizers.Adam(learning_rate) if optimizer == "adam"
+                   else keras.optimizers.SGD(learning_rate)),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"])
     return model
@@ -108,6 +119,11 @@ def _import_tf_smb():
 def make_strategy(name: str) -> tf.distribute.Strategy:
     """Builds the strategy named by --strategy; tf_smb is imported only for "smb"."""
     if name == "smb":
+        if FLAGS.mode == "async":
+            # With update=sgd the box runs momentum SGD from the pushed gradient.
+            return _import_tf_smb().SMBStrategy(
+                mode="async", staleness=FLAGS.staleness, update=FLAGS.update,
+                momentum=0.9 if FLAGS.update == "sgd" else 0.0)
         return _import_tf_smb().SMBStrategy()
     if name == "mirrored":
         return tf.distribute.MirroredStrategy()
@@ -130,7 +146,9 @@ def main(argv: Sequence[str]) -> None:
     data = load_data(FLAGS.seed)
 
     with strategy.scope():
-        model = build_model(FLAGS.learning_rate)
+        sgd_in_box = FLAGS.strategy == "smb" and FLAGS.mode == "async" and FLAGS.update == "sgd"
+        model = build_model(0.05 if sgd_in_box else FLAGS.learning_rate,
+                            "sgd" if sgd_in_box else "adam")
 
     # The seeded shuffle gives every worker the same order of global batches;
     # the strategy hands each worker its part of every batch.

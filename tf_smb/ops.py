@@ -112,3 +112,44 @@ def broadcast(tensors: Sequence[tf.Tensor], root: int = 0) -> List[tf.Tensor]:
 def barrier() -> None:
     """Returns once every worker has reached it."""
     _library().smb_barrier()
+
+
+# ---- Asynchronous mode: parameters living in the box ------------------------
+
+def param_create(value: tf.Tensor, name: str, write: bool) -> None:
+    """Creates or attaches box segment `name` shaped like `value`; `write` stores it."""
+    _library().smb_param_create(value, segment=name, write=write)
+
+
+def param_read(name: str, dtype: tf.DType, shape: Sequence[int],
+               consistent: bool = True) -> tf.Tensor:
+    """The segment's current value; `consistent` never returns a half-written one."""
+    return _library().smb_param_read(T=dtype, shape=list(shape), segment=name,
+                                     consistent=consistent)
+
+
+def param_push(delta: tf.Tensor, name: str) -> None:
+    """segment += delta in the box, atomically per segment."""
+    _library().smb_param_push(delta, segment=name)
+
+
+def param_apply_sgd(grad: tf.Tensor, learning_rate: tf.Tensor, name: str,
+                    momentum: float = 0.0) -> None:
+    """The box applies an SGD (or momentum) step to the segment."""
+    _library().smb_param_apply_sgd(grad, tf.cast(learning_rate, tf.float32),
+                                   segment=name, momentum=float(momentum))
+
+
+def clock_tick(staleness: Optional[int]) -> tf.Tensor:
+    """Starts this worker's next step within the staleness bound; returns its lead."""
+    return _library().smb_clock_tick(staleness=-1 if staleness is None else int(staleness))
+
+
+def clock_finish(finished: bool = True) -> None:
+    """Marks this worker finished training (or training again)."""
+    _library().smb_clock_finish(finished=finished)
+
+
+def wait_all_finished() -> None:
+    """Waits until every live worker has finished training."""
+    _library().smb_wait_all_finished()

@@ -19,7 +19,10 @@ How it plugs into TensorFlow and Keras 3 (see DESIGN.md section 3):
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+import contextlib
+import dataclasses
+import threading
+from typing import Any, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.python.distribute import collective_all_reduce_strategy
@@ -47,13 +50,57 @@ def _check_not_in_xla() -> None:
             "tf.function(..., jit_compile=False) for a custom loop.")
 
 
+@dataclasses.dataclass(frozen=True)
+class AsyncConfig:
+    """How the asynchronous mode updates parameters in the box."""
+
+    staleness: Optional[int] = None  # None: fully asynchronous
+    update: str = "delta"            # "delta" (any optimizer) or "sgd" (in the box)
+    momentum: float = 0.0            # with update="sgd"
+    consistent: bool = True          # False: hogwild reads
+
+
+@dataclasses.dataclass(frozen=True)
+class _BoxParam:
+    name: str
+    dtype: tf.DType
+    shape: tuple
+
+
+# Keras phases: model.evaluate / predict run without training steps.
+_phase = threading.local()
+
+
+def _in_eval_phase() -> bool:
+    return getattr(_phase, "eval_depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _eval_phase():
+    _phase.eval_depth = getattr(_phase, "eval_depth", 0) + 1
+    try:
+        yield
+    finally:
+        _phase.eval_depth -= 1
+
+
 class SMBExtended(one_device_strategy.OneDeviceExtended):
     """The workings of SMBStrategy: one local device, many workers."""
 
     def __init__(self, container_strategy: "SMBStrategy", job: env_lib.JobInfo,
-                 device: str = "/cpu:0") -> None:
+                 device: str = "/cpu:0",
+                 async_config: Optional[AsyncConfig] = None) -> None:
         super().__init__(container_strategy, device)
         self._job = job
+        # Asynchronous mode (only with 2+ workers): trainable variables live
+        # in the box; each worker reads them fresh every step and pushes its
+        # updates without waiting for the others.
+        self._async = async_config if job.size > 1 else None
+        self._box_params: Dict[Any, _BoxParam] = {}
+        if self._async is not None:
+            with tf.init_scope():
+                self.max_clock_gap = tf.Variable(0, dtype=tf.int64, trainable=False)
+                self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
         # Distributed iterators agree across workers on whether any worker
         # still has data, so uneven shards end every worker's epoch together.
         self.experimental_enable_get_next_as_optional = True
@@ -61,11 +108,14 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
 
     # -- who we are ---------------------------------------------------------
     def _in_multi_worker_mode(self) -> bool:
-        return self._job.size > 1
+        # Asynchronous workers never wait for each other's input or logs.
+        return self._job.size > 1 and self._async is None
 
     @property
     def _num_replicas_in_sync(self) -> int:
-        return self._job.size
+        # Asynchronously each worker is a replica group of its own: Keras then
+        # does not divide the loss, and a push carries the full gradient.
+        return 1 if self._async is not None else self._job.size
 
     def _get_local_replica_id(self, replica_id_in_sync_group):
         return replica_id_in_sync_group - self._job.rank
@@ -95,8 +145,37 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
                 self._container_strategy(), [local], aggregation)
         variable = super()._create_variable(next_creator, **kwargs)
         if self._job.size > 1:
-            self._broadcast_initial_value(variable)
+            if self._async is not None and variable.trainable:
+                self._place_in_box(variable)
+            else:
+                self._broadcast_initial_value(variable)
         return variable
+
+    def _place_in_box(self, variable: tf.Variable) -> None:
+        """Makes the box hold the variable's master copy, from rank 0's value."""
+        with tf.init_scope():
+            if not tf.executing_eagerly():
+                raise ValueError("SMBStrategy(mode='async') creates variables eagerly; "
+                                 "create them outside tf.function")
+            param = _BoxParam(f"p{len(self._box_params)}", variable.dtype,
+                              tuple(variable.shape.as_list()))
+            value = variable.read_value()
+            if self._job.rank == 0:  # before the broadcast, which orders it first
+                smb_ops.param_create(value, param.name, write=True)
+            variable.assign(smb_ops.broadcast([value], root=0)[0])
+            if self._job.rank != 0:
+                smb_ops.param_create(variable.read_value(), param.name, write=False)
+            self._box_params[variable.ref()] = param
+
+    def _read_box(self, variable: tf.Variable, param: "_BoxParam") -> tf.Tensor:
+        return smb_ops.param_read(param.name, param.dtype, param.shape,
+                                  consistent=self._async.consistent)
+
+    def refresh_from_box(self) -> None:
+        """Sets every box-held variable to the box's current value."""
+        for ref, param in self._box_params.items():
+            variable = ref.deref()
+            variable.assign(self._read_box(variable, param))
 
     def _broadcast_initial_value(self, variable: tf.Variable) -> None:
         """Makes rank 0's initial value everyone's."""
@@ -121,6 +200,12 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
             num_replicas_in_sync=self._job.size)
 
     def _experimental_distribute_dataset(self, dataset, options):
+        if self._async is not None:
+            # Training: each worker takes every size-th batch. Evaluation and
+            # prediction: every worker sees all data (no collectives needed).
+            if not _in_eval_phase():
+                dataset = dataset.shard(self._job.size, self._job.rank)
+            return super()._experimental_distribute_dataset(dataset, options)
         if self._job.size == 1:
             return super()._experimental_distribute_dataset(dataset, options)
         # Rebatch the global batch to global/size and shard it by worker, as
@@ -155,7 +240,49 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
         kwargs = distribute_utils.select_replica(0, kwargs)
         with framework_ops.device(self._device), _SMBReplicaContext(
                 strategy, self._job.rank):
+            if self._async is None:
+                return fn(*args, **kwargs)
+            return self._async_step(fn, args, kwargs)
+
+    def _async_step(self, fn, args, kwargs):
+        """Waits within the staleness bound (training only), reads the box's
+        current parameters into the local variables, then runs the step."""
+        deps = []
+        if not _in_eval_phase():
+            # After the input arrived: the end of an epoch is not a step.
+            inputs = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
+            with tf.control_dependencies(inputs):
+                gap = smb_ops.clock_tick(self._async.staleness)
+            deps = [self.max_clock_gap.assign(tf.maximum(self.max_clock_gap, gap)),
+                    self.steps.assign_add(1)]
+        with tf.control_dependencies(deps):
+            reads = [(ref.deref(), self._read_box(ref.deref(), p))
+                     for ref, p in self._box_params.items()]
+            assigns = [v.assign(value) for v, value in reads]
+        with tf.control_dependencies(assigns):
             return fn(*args, **kwargs)
+
+    def _update(self, var, fn, args, kwargs, group):
+        param = self._box_params.get(var.ref()) if self._async is not None else None
+        if param is None:
+            return super()._update(var, fn, args, kwargs, group)
+        if self._async.update == "sgd" and len(args) >= 2:
+            # The box applies the step itself from the full gradient.
+            grad, learning_rate = args[0], args[1]
+            if isinstance(grad, tf.IndexedSlices):
+                grad = tf.convert_to_tensor(grad)
+            smb_ops.param_apply_sgd(grad, learning_rate, param.name, self._async.momentum)
+            return tf.no_op() if group else (tf.no_op(),)
+        # Delta mode: the worker's optimizer updates the local copy, and the
+        # change it made is accumulated into the box.
+        before = tf.identity(var.read_value())
+        with tf.control_dependencies([before]):
+            result = super()._update(var, fn, args, kwargs, group)
+        # Reading the variable after the update orders the push after it
+        # (automatic control dependencies order ops on the same variable).
+        with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
+            smb_ops.param_push(var.read_value() - before, param.name)
+        return result
 
     # -- reductions -----------------------------------------------------------
     def _local_tensor(self, value) -> tf.Tensor:
@@ -168,7 +295,8 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
     def all_reduce(self, reduce_op, values: Sequence[Any]) -> List[tf.Tensor]:
         """Sums (or averages) local values over all workers, in one collective."""
         tensors = [self._local_tensor(v) for v in values]
-        if self._job.size == 1 or not tensors:
+        if self._job.size == 1 or not tensors or self._async is not None:
+            # One worker, or asynchronous workers: nothing to combine.
             return [tf.identity(t) for t in tensors]
         _check_not_in_xla()
         for t in tensors:
@@ -196,7 +324,7 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
         local = self._local_tensor(value)
-        if self._job.size == 1:
+        if self._job.size == 1 or self._async is not None:
             return tf.identity(local)
         return self._all_gather(local, axis)
 
@@ -238,7 +366,7 @@ class _SMBReplicaContext(distribute_lib.ReplicaContext):
 
 
 class SMBStrategy(collective_all_reduce_strategy.CollectiveAllReduceStrategy):
-    """Synchronous data parallelism through the Soft Memory Box.
+    """Data parallelism through the Soft Memory Box, synchronous or not.
 
     Swap it in for any tf.distribute strategy and launch N processes:
 
@@ -250,33 +378,84 @@ class SMBStrategy(collective_all_reduce_strategy.CollectiveAllReduceStrategy):
         $ python -m tf_smb.run -np 2 python train.py
 
     Rank and size come from tf_smb.run, horovodrun, mpirun (Open MPI) or Slurm;
-    without a launcher the process is a single worker. `model.fit` shards the
+    without a launcher the process is a single worker.
+
+    mode="sync": gradients are summed through the box every step; N workers
+    with batch B train like one process with batch N*B. `model.fit` shards the
     data per worker; `evaluate` reports metrics over all workers' data and
     `predict` returns every row, on every worker; rank 0 writes checkpoints.
 
+    mode="async": the master copy of every trainable variable lives in the box.
+    Every step a worker reads the current values, computes gradients on its
+    own shard (every size-th batch) and pushes its update without waiting for
+    the others; the box applies updates atomically per variable, so none is
+    lost. `evaluate`/`predict` run on each worker over all the data with the
+    box's current values. When `fit` returns, every worker has waited for the
+    others (live ones) to finish and holds the box's final values. A worker
+    that dies does not stop the others.
+
     Args:
-      mode: "sync" (gradients summed through the box every step).
-      timeout_s: how long any collective waits for the other workers before
-        failing with an error naming them (default $TF_SMB_TIMEOUT or 600).
+      mode: "sync" or "async".
+      staleness: async only. A worker may be at most this many steps ahead of
+        the slowest live worker (stale-synchronous parallel); None: no bound;
+        0: lockstep, like synchronous training.
+      update: async only. "delta": the worker's own Keras optimizer (Adam,
+        AdamW, RMSprop, ...) turns its gradient into a change of the variable,
+        which is accumulated into the box. "sgd": the box applies
+        `w -= lr * grad` itself (with `momentum`, `v = m*v - lr*grad; w += v`),
+        lr being the optimizer's current learning rate; use keras SGD.
+      momentum: with update="sgd".
+      consistency: async only. "consistent" reads never return a half-written
+        variable (seqlock); "hogwild" reads skip that check: faster under heavy
+        pushing, but a read may mix two updates.
+      timeout_s: how long any wait for other workers lasts before failing
+        with an error naming them (default $TF_SMB_TIMEOUT or 600).
       staging_bytes: staging memory per worker when this process creates the
         box; larger tensors move in chunks of this size.
       job: where this process sits; detected from the launcher when None.
     """
 
-    def __init__(self, mode: str = "sync", timeout_s: Optional[float] = None,
+    def __init__(self, mode: str = "sync", staleness: Optional[int] = None,
+                 update: str = "delta", momentum: float = 0.0,
+                 consistency: str = "consistent", timeout_s: Optional[float] = None,
                  staging_bytes: Optional[int] = None,
                  job: Optional[env_lib.JobInfo] = None) -> None:
-        if mode != "sync":
-            raise ValueError(f"mode must be 'sync', got {mode!r}")
+        if mode not in ("sync", "async"):
+            raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+        if update not in ("delta", "sgd"):
+            raise ValueError(f"update must be 'delta' or 'sgd', got {update!r}")
+        if consistency not in ("consistent", "hogwild"):
+            raise ValueError(
+                f"consistency must be 'consistent' or 'hogwild', got {consistency!r}")
+        if staleness is not None and (not isinstance(staleness, int) or staleness < 0):
+            raise ValueError(f"staleness must be None or an int >= 0, got {staleness!r}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+        if mode == "sync" and (staleness is not None or update != "delta"
+                               or momentum or consistency != "consistent"):
+            raise ValueError("staleness, update, momentum and consistency apply to "
+                             "mode='async' only")
         job = job or env_lib.detect()
         if job.size > 1:
             job = smb_ops.init(job, timeout_s=timeout_s, staging_bytes=staging_bytes)
             _keras_saves_on_rank0_only(job.rank)
         self._job = job
         self._mode = mode
+        async_config = None
+        if mode == "async":
+            async_config = AsyncConfig(staleness=staleness, update=update,
+                                       momentum=momentum,
+                                       consistent=consistency == "consistent")
+            _install_keras_async_hooks()
         # Skip CollectiveAllReduceStrategy.__init__: none of its machinery is used.
-        distribute_lib.Strategy.__init__(self, SMBExtended(self, job))  # pylint: disable=non-parent-init-called
+        distribute_lib.Strategy.__init__(  # pylint: disable=non-parent-init-called
+            self, SMBExtended(self, job, async_config=async_config))
         distribute_lib.distribution_strategy_gauge.get_cell("V2").set("SMBStrategy")
+
+    @property
+    def mode(self) -> str:
+        """"sync" or "async"."""
+        return self._mode
 
     @property
     def rank(self) -> int:
@@ -312,10 +491,74 @@ class SMBStrategy(collective_all_reduce_strategy.CollectiveAllReduceStrategy):
         """SMBStrategy needs no cluster resolver: the box is the rendezvous."""
         return None
 
+    def finish_training(self) -> None:
+        """Async mode: this worker is done; wait for the other live workers,
+        then load the box's final values. `model.fit` calls it on return;
+        call it yourself at the end of a custom training loop."""
+        ext = self.extended
+        if ext._async is None:  # pylint: disable=protected-access
+            return
+        smb_ops.clock_finish(True)
+        smb_ops.wait_all_finished()
+        ext.refresh_from_box()
+
     def __deepcopy__(self, memo):
         # Strategies are shared, not copied (Keras deep-copies configs).
         memo[id(self)] = self
         return self
+
+
+_KERAS_HOOKED = False
+
+
+def _install_keras_async_hooks() -> None:
+    """Marks Keras' evaluation phases and finishes asynchronous training.
+
+    `fit` starts this worker's clock and, on return, waits for the others and
+    loads the box's final values; `evaluate` and `predict` (also when `fit`
+    validates) run without training steps and on all the data.
+    """
+    global _KERAS_HOOKED
+    if _KERAS_HOOKED:
+        return
+    _KERAS_HOOKED = True
+    import functools  # pylint: disable=import-outside-toplevel
+
+    import keras  # pylint: disable=import-outside-toplevel
+
+    def async_strategy(model) -> Optional[SMBStrategy]:
+        strategy = getattr(model, "_distribute_strategy", None)
+        if isinstance(strategy, SMBStrategy) and strategy.extended._async is not None:  # pylint: disable=protected-access
+            return strategy
+        return None
+
+    fit, evaluate, predict = keras.Model.fit, keras.Model.evaluate, keras.Model.predict
+
+    @functools.wraps(fit)
+    def fit_hook(self, *args, **kwargs):
+        strategy = async_strategy(self)
+        if strategy is None:
+            return fit(self, *args, **kwargs)
+        smb_ops.clock_finish(False)
+        try:
+            history = fit(self, *args, **kwargs)
+        finally:
+            smb_ops.clock_finish(True)  # never hold the others back, even on error
+        strategy.finish_training()
+        return history
+
+    def eval_hook(method):
+        @functools.wraps(method)
+        def hook(self, *args, **kwargs):
+            if async_strategy(self) is None:
+                return method(self, *args, **kwargs)
+            with _eval_phase():
+                return method(self, *args, **kwargs)
+        return hook
+
+    keras.Model.fit = fit_hook
+    keras.Model.evaluate = eval_hook(evaluate)
+    keras.Model.predict = eval_hook(predict)
 
 
 def _keras_saves_on_rank0_only(rank: int) -> None:

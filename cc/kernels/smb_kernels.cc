@@ -301,7 +301,7 @@ absl::Status DescribeTensor(const Tensor& t, smb::DType* dtype,
 class SmbParamCreateOp : public OpKernel {
  public:
   explicit SmbParamCreateOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("name", &name_));
+    OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
     OP_REQUIRES_OK(c, c->GetAttr("write", &write_));
   }
   void Compute(OpKernelContext* c) override {
@@ -324,7 +324,7 @@ class SmbParamCreateOp : public OpKernel {
 class SmbParamReadOp : public OpKernel {
  public:
   explicit SmbParamReadOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("name", &name_));
+    OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
     OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
     OP_REQUIRES_OK(c, c->GetAttr("T", &dtype_));
     bool consistent;
@@ -355,7 +355,7 @@ class SmbParamReadOp : public OpKernel {
 class SmbParamPushOp : public OpKernel {
  public:
   explicit SmbParamPushOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("name", &name_));
+    OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
   }
   void Compute(OpKernelContext* c) override {
     const Tensor& delta = c->input(0);
@@ -374,7 +374,7 @@ class SmbParamPushOp : public OpKernel {
 class SmbParamApplySgdOp : public OpKernel {
  public:
   explicit SmbParamApplySgdOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("name", &name_));
+    OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
     OP_REQUIRES_OK(c, c->GetAttr("momentum", &momentum_));
   }
   void Compute(OpKernelContext* c) override {

@@ -62,12 +62,12 @@ namespace tensorflow {
 REGISTER_OP("SmbParamCreate")
     .Input("value: T")
     .Attr("T: {float, double, half, bfloat16, int32, int64}")
-    .Attr("name: string")
+    .Attr("segment: string")
     .Attr("write: bool = false")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(
-Creates (or attaches to) the box segment `name` with value's dtype and shape;
+Creates (or attaches to) the box segment `segment` with value's dtype and shape;
 with `write`, stores `value` in it. Attaching with another dtype or shape fails.
 )doc");
 
@@ -75,33 +75,33 @@ REGISTER_OP("SmbParamRead")
     .Output("value: T")
     .Attr("T: {float, double, half, bfloat16, int32, int64}")
     .Attr("shape: shape")
-    .Attr("name: string")
+    .Attr("segment: string")
     .Attr("consistent: bool = true")
     .SetIsStateful()
     .SetShapeFn(shape_inference::ExplicitShape)
     .Doc(R"doc(
-Reads segment `name`. `consistent` (seqlock) never returns a half-written
+Reads segment `segment`. `consistent` (seqlock) never returns a half-written
 tensor; false reads without waiting for writers (hogwild).
 )doc");
 
 REGISTER_OP("SmbParamPush")
     .Input("delta: T")
     .Attr("T: {float, double, half, bfloat16, int32, int64}")
-    .Attr("name: string")
+    .Attr("segment: string")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
-    .Doc("Adds `delta` to segment `name` in the box, atomically per segment.");
+    .Doc("Adds `delta` to segment `segment` in the box, atomically per segment.");
 
 REGISTER_OP("SmbParamApplySgd")
     .Input("grad: T")
     .Input("learning_rate: float")
     .Attr("T: {float, double, half, bfloat16}")
-    .Attr("name: string")
+    .Attr("segment: string")
     .Attr("momentum: float = 0")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(
-The box applies an SGD step to segment `name`: w -= learning_rate * grad, or
+The box applies an SGD step to segment `segment`: w -= learning_rate * grad, or
 with momentum v = momentum * v - learning_rate * grad; w += v (v in the box).
 )doc");
 
