@@ -1,0 +1,81 @@
+"""SMBStrategy(mode="async") with Keras: accuracy, staleness, worker loss, errors."""
+import os
+
+import pytest
+
+from harness import REPO, WORKERS, rank_lines, run_launcher, run_ranks
+
+DIGITS = os.path.join(WORKERS, "digits_async.py")
+
+
+@pytest.mark.parametrize("update", ["delta", "sgd"])
+def test_keras_digits_async_reaches_090(update):
+    p = run_launcher(2, [os.path.join(REPO, "examples", "keras_digits.py"), "--mode=async",
+                         f"--update={update}"], timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
+    for rank in range(2):
+        accs = [float(l.split(":")[1]) for l in rank_lines(p.stdout, rank)
+                if l.startswith("test accuracy:")]
+        assert accs and accs[-1] >= 0.90, (rank, accs, p.stdout[-2000:])
+
+
+def test_workers_end_with_the_boxs_final_values():
+    results = [r.check().json() for r in run_ranks([DIGITS, "--epochs", "3"], 2, timeout=600)]
+    # Both loaded the same final values from the box after fit.
+    assert results[0]["weights_sum"] == results[1]["weights_sum"]
+
+
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_staleness_bound_with_a_slow_worker(staleness):
+    results = [r.check().json() for r in run_ranks(
+        [DIGITS, "--epochs", "2", "--staleness", str(staleness), "--slow_rank", "1",
+         "--delay", "0.05"], 2, timeout=600)]
+    for res in results:
+        assert res["max_gap"] <= staleness, res
+
+
+def test_without_staleness_bound_the_fast_worker_does_more_steps():
+    # Each worker trains 4 epochs of its half (~44 steps); rank 1 sleeps 0.1 s
+    # a step. Unbounded, the fast one runs far ahead and finishes first.
+    results = [r.check().json() for r in run_ranks(
+        [DIGITS, "--epochs", "4", "--slow_rank", "1", "--delay", "0.1"], 2, timeout=600)]
+    fast, slow = results
+    assert fast["seconds"] < 0.6 * slow["seconds"], results
+    # At some step the fast worker had completed 10+ steps more than the slow one.
+    assert fast["max_gap"] >= 10, results
+
+
+def test_killed_worker_does_not_stop_the_others():
+    results = run_ranks([DIGITS, "--epochs", "15", "--kill_rank", "2", "--kill_epoch", "1"],
+                        3, timeout=900)
+    assert results[2].returncode == -9
+    for r in results[:2]:
+        res = r.check().json()
+        assert res["accuracy"] >= 0.90, res
+
+
+def test_pushing_wrong_shape_or_dtype_is_refused_and_changes_nothing():
+    keras_worker = os.path.join(WORKERS, "keras_worker.py")
+    for r in run_ranks([keras_worker, "async_bad_push"], 2, timeout=300):
+        res = r.check().json()
+        assert all(e and "float32[2,2]" in e for e in res["errors"]), res
+        assert "float32[4]" in res["errors"][0] and "float64[2,2]" in res["errors"][1]
+        assert res["value"] == [[1.0, 2.0], [3.0, 4.0]]
+
+
+def test_async_options_are_checked():
+    import subprocess
+    import sys
+    code = ("import tf_smb\n"
+            "for kw in [dict(mode='bogus'), dict(mode='async', update='adam'),\n"
+            "           dict(mode='async', staleness=-1), dict(mode='sync', staleness=2),\n"
+            "           dict(mode='async', consistency='loose')]:\n"
+            "    try:\n"
+            "        tf_smb.SMBStrategy(**kw); print('accepted', kw)\n"
+            "    except ValueError as e:\n"
+            "        print('refused:', e)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert len(lines) == 5 and all(l.startswith("refused:") for l in lines), lines

@@ -1,0 +1,70 @@
+"""keras_digits' data and model under SMBStrategy(mode="async"), with hooks
+for tests: slow one rank down, or kill one mid-epoch. Prints a JSON line."""
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_digits  # noqa: E402
+import tf_smb  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--staleness", type=int, default=None)
+    p.add_argument("--update", default="delta")
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--slow_rank", type=int, default=-1)
+    p.add_argument("--delay", type=float, default=0.0)
+    p.add_argument("--kill_rank", type=int, default=-1)
+    p.add_argument("--kill_epoch", type=int, default=1)
+    a = p.parse_args()
+    keras.utils.set_random_seed(0)
+    strategy = tf_smb.SMBStrategy(mode="async", staleness=a.staleness, update=a.update,
+                                  momentum=0.9 if a.update == "sgd" else 0.0,
+                                  timeout_s=120)
+    rank = tf_smb.rank()
+    data = keras_digits.load_data(0)
+    with strategy.scope():
+        sgd = a.update == "sgd"
+        model = keras_digits.build_model(0.05 if sgd else 0.003, "sgd" if sgd else "adam")
+
+    class Hooks(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if rank == a.slow_rank:
+                time.sleep(a.delay)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_end(self, logs=None):
+            self.own_seconds = time.time() - start  # before waiting for the others
+
+        def on_train_batch_end(self, batch, logs=None):
+            if rank == a.kill_rank and self.epoch == a.kill_epoch and batch == 3:
+                os.kill(os.getpid(), 9)
+
+    train = (tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+             .shuffle(len(data.x_train), seed=0).batch(64))
+    hooks = Hooks()
+    start = time.time()
+    model.fit(train, epochs=a.epochs, verbose=0, callbacks=[hooks])
+    res = model.evaluate(data.x_test, data.y_test, batch_size=128, verbose=0,
+                         return_dict=True)
+    print(json.dumps({"rank": rank, "accuracy": res["accuracy"], "seconds": hooks.own_seconds,
+                      "steps": int(strategy.extended.steps.numpy()),
+                      "max_gap": int(strategy.extended.max_clock_gap.numpy()),
+                      "weights_sum": float(sum(float(tf.reduce_sum(w))
+                                               for w in model.trainable_variables))}),
+          flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
