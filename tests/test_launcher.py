@@ -117,6 +117,20 @@ def test_worker_killed_by_signal_is_reported() -> None:
     assert "about to die" in result.stderr
 
 
+def test_keep_going_lets_the_others_finish() -> None:
+    result = launch(["--keep-going", "-np", "3", *worker("""
+        import os, sys, time
+        rank = os.environ["TF_SMB_RANK"]
+        if rank == "2":
+            os.kill(os.getpid(), 9)
+        time.sleep(1.0)
+        print("finished", rank, flush=True)
+    """)], timeout=30)
+    assert result.returncode == 1
+    assert "rank 2 was killed by signal SIGKILL" in result.stderr
+    assert "[0]: finished 0" in result.stdout and "[1]: finished 1" in result.stdout
+
+
 def test_sigterm_to_launcher_stops_workers(tmp_path: pathlib.Path) -> None:
     pid_file = tmp_path / "pids"
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))

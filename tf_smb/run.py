@@ -35,6 +35,9 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="collective timeout in seconds, passed as TF_SMB_TIMEOUT")
     parser.add_argument("--staging-bytes", type=int, default=16 << 20,
                         help="staging area of the box in bytes (default 16 MiB)")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="when a worker fails, let the others finish (for "
+                             "SMBStrategy(mode='async')); exit non-zero at the end")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command each worker runs")
     args = parser.parse_args(argv)
@@ -159,10 +162,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             signal.signal(s, h)
 
 
+def _exit_code(worker: _Worker) -> int:
+    code = worker.proc.returncode
+    return code if code > 0 else 1
+
+
 def _run_workers(args: argparse.Namespace, job_id: str, received: List[int]) -> int:
     """Starts and monitors the workers; stops them all on failure or signal."""
     lock = threading.Lock()
     workers: List[_Worker] = []
+    failures: List[_Worker] = []
     try:
         for rank in range(args.np):
             env = dict(os.environ, TF_SMB_RANK=str(rank), TF_SMB_SIZE=str(args.np),
@@ -182,17 +191,22 @@ def _run_workers(args: argparse.Namespace, job_id: str, received: List[int]) -> 
                       file=sys.stderr, flush=True)
                 _stop(workers)
                 return 128 + signum
-            failed = next((w for w in workers
-                           if w.proc.poll() is not None and w.proc.returncode != 0), None)
-            if failed is not None:
-                _stop(workers)  # also clears anything left in the failed rank's group
+            newly_failed = [w for w in workers if w not in failures and
+                            w.proc.poll() is not None and w.proc.returncode != 0]
+            for failed in newly_failed:
+                failures.append(failed)
+                if not args.keep_going:
+                    _stop(workers)  # also clears anything left in the failed rank's group
+                    _report_failure(failed)
+                    return _exit_code(failed)
+                failed.signal_group(signal.SIGKILL)  # its children, if any
                 _report_failure(failed)
-                code = failed.proc.returncode
-                return code if code > 0 else 1
-            if all(w.proc.returncode == 0 for w in workers):
+                print(f"{_PREFIX}--keep-going: the other workers continue",
+                      file=sys.stderr, flush=True)
+            if all(w.proc.poll() is not None for w in workers):
                 for w in workers:
                     w.reader.join(timeout=2.0)
-                return 0
+                return _exit_code(failures[0]) if failures else 0
             time.sleep(POLL_S)
     finally:
         if any(w.proc.poll() is None for w in workers):
