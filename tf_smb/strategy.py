@@ -99,6 +99,8 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
         self._box_params: Dict[Any, _BoxParam] = {}
         if self._async is not None:
             with tf.init_scope():
+                # For monitoring: the largest lead over the slowest worker this
+                # worker had when a step started, and the steps it started.
                 self.max_clock_gap = tf.Variable(0, dtype=tf.int64, trainable=False)
                 self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
         # Distributed iterators agree across workers on whether any worker
@@ -167,15 +169,14 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
                 smb_ops.param_create(variable.read_value(), param.name, write=False)
             self._box_params[variable.ref()] = param
 
-    def _read_box(self, variable: tf.Variable, param: "_BoxParam") -> tf.Tensor:
+    def _read_box(self, param: _BoxParam) -> tf.Tensor:
         return smb_ops.param_read(param.name, param.dtype, param.shape,
                                   consistent=self._async.consistent)
 
     def refresh_from_box(self) -> None:
         """Sets every box-held variable to the box's current value."""
         for ref, param in self._box_params.items():
-            variable = ref.deref()
-            variable.assign(self._read_box(variable, param))
+            ref.deref().assign(self._read_box(param))
 
     def _broadcast_initial_value(self, variable: tf.Variable) -> None:
         """Makes rank 0's initial value everyone's."""
@@ -256,8 +257,7 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
             deps = [self.max_clock_gap.assign(tf.maximum(self.max_clock_gap, gap)),
                     self.steps.assign_add(1)]
         with tf.control_dependencies(deps):
-            reads = [(ref.deref(), self._read_box(ref.deref(), p))
-                     for ref, p in self._box_params.items()]
+            reads = [(ref.deref(), self._read_box(p)) for ref, p in self._box_params.items()]
             assigns = [v.assign(value) for v, value in reads]
         with tf.control_dependencies(assigns):
             return fn(*args, **kwargs)
