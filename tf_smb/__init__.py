@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "SMBStrategy": "tf_smb.strategy",
+    "HorovodStrategy": "tf_smb.horovod_strategy",
     "allreduce": "tf_smb.ops",
     "barrier": "tf_smb.ops",
     "broadcast": "tf_smb.ops",

@@ -50,6 +50,16 @@ def _check_not_in_xla() -> None:
             "tf.function(..., jit_compile=False) for a custom loop.")
 
 
+class SMBCollectives:
+    """Collectives through the box (the default backend of SMBExtended)."""
+
+    def allreduce(self, tensors: List[tf.Tensor]) -> List[tf.Tensor]:
+        return smb_ops.allreduce(tensors)
+
+    def broadcast(self, tensors: List[tf.Tensor], root: int) -> List[tf.Tensor]:
+        return smb_ops.broadcast(tensors, root=root)
+
+
 @dataclasses.dataclass(frozen=True)
 class AsyncConfig:
     """How the asynchronous mode updates parameters in the box."""
@@ -89,9 +99,13 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
 
     def __init__(self, container_strategy: "SMBStrategy", job: env_lib.JobInfo,
                  device: str = "/cpu:0",
-                 async_config: Optional[AsyncConfig] = None) -> None:
+                 async_config: Optional[AsyncConfig] = None,
+                 collectives: Any = None) -> None:
         super().__init__(container_strategy, device)
         self._job = job
+        # What combines tensors across workers: the box, or (for the
+        # reference strategy) Horovod. Everything else is shared.
+        self._collectives = collectives or SMBCollectives()
         # Asynchronous mode (only with 2+ workers): trainable variables live
         # in the box; each worker reads them fresh every step and pushes its
         # updates without waiting for the others.
@@ -186,7 +200,7 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
             value = variable.read_value()
             if value.dtype not in _SUPPORTED_DTYPES and value.dtype != tf.bool:
                 return  # e.g. string or resource state: not model parameters
-            variable.assign(smb_ops.broadcast([value], root=0)[0])
+            variable.assign(self._collectives.broadcast([value], root=0)[0])
 
     def _local_results(self, value):
         if isinstance(value, (values_lib.DistributedValues, tf.distribute.DistributedValues)):
@@ -305,7 +319,7 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
                     None, None,
                     "SMBStrategy reduces float32, float64, float16, bfloat16, "
                     f"int32 and int64 tensors; got {t.dtype.name}")
-        summed = smb_ops.allreduce(tensors)
+        summed = self._collectives.allreduce(tensors)
         if reduce_op == tf.distribute.ReduceOp.MEAN:
             summed = [s / tf.cast(self._job.size, s.dtype) if s.dtype.is_floating
                       else s // self._job.size for s in summed]
@@ -340,12 +354,13 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
             local = tf.cast(local, tf.int32)
         moved = tf.experimental.numpy.moveaxis(local, axis, 0) if axis else local
         length = tf.shape(moved, out_type=tf.int64)[0]
-        lengths = smb_ops.allreduce([tf.one_hot(rank, size, dtype=tf.int64) * length])[0]
+        lengths = self._collectives.allreduce(
+            [tf.one_hot(rank, size, dtype=tf.int64) * length])[0]
         longest = tf.reduce_max(lengths)
         padded = tf.pad(moved, [[0, longest - length]] + [[0, 0]] * (moved.shape.rank - 1))
         slots = tf.scatter_nd(tf.constant([[rank]], tf.int64), padded[tf.newaxis],
                               tf.concat([[size], tf.shape(padded, out_type=tf.int64)], 0))
-        summed = smb_ops.allreduce([slots])[0]
+        summed = self._collectives.allreduce([slots])[0]
         parts = [summed[r, :lengths[r]] for r in range(size)]
         gathered = tf.concat(parts, axis=0)
         if axis:
@@ -365,7 +380,60 @@ class _SMBReplicaContext(distribute_lib.ReplicaContext):
         return self._strategy.extended.worker_devices
 
 
-class SMBStrategy(collective_all_reduce_strategy.CollectiveAllReduceStrategy):
+class DataParallelStrategy(collective_all_reduce_strategy.CollectiveAllReduceStrategy):
+    """What SMBStrategy and the reference HorovodStrategy share: one replica
+    per process, variables broadcast from rank 0, gradients combined by the
+    extended's collectives backend (see SMBExtended)."""
+
+    def _setup(self, job: env_lib.JobInfo, extended: SMBExtended) -> None:
+        self._job = job
+        if job.size > 1:
+            _keras_saves_on_rank0_only(job.rank)
+        # Skip CollectiveAllReduceStrategy.__init__: none of its machinery is used.
+        distribute_lib.Strategy.__init__(self, extended)  # pylint: disable=non-parent-init-called
+        distribute_lib.distribution_strategy_gauge.get_cell("V2").set(type(self).__name__)
+
+    @property
+    def rank(self) -> int:
+        """This worker's index."""
+        return self._job.rank
+
+    @property
+    def size(self) -> int:
+        """The number of workers."""
+        return self._job.size
+
+    def reduce(self, reduce_op, value, axis):
+        """Reduces `value` over workers (and along `axis` when it has one).
+
+        Keras 3 reduces every step's scalar logs with axis=0; a scalar has no
+        axis 0, so it is reduced over workers only. Input batches (PerReplica
+        values from a distributed dataset) differ in shape between workers and
+        cannot be combined: Keras reduces one only to learn its structure, so
+        this worker's batch is returned.
+        """
+        if any(isinstance(v, values_lib.PerReplica) for v in tf.nest.flatten(value)):
+            return tf.nest.map_structure(
+                lambda v: v.values[0] if isinstance(v, values_lib.PerReplica) else v,
+                value)
+        if axis is not None and all(
+                getattr(v, "shape", None) is not None and v.shape.rank == 0
+                for v in tf.nest.flatten(value)):
+            axis = None
+        return super().reduce(reduce_op, value, axis)
+
+    @property
+    def cluster_resolver(self):
+        """SMBStrategy needs no cluster resolver: the box is the rendezvous."""
+        return None
+
+    def __deepcopy__(self, memo):
+        # Strategies are shared, not copied (Keras deep-copies configs).
+        memo[id(self)] = self
+        return self
+
+
+class SMBStrategy(DataParallelStrategy):
     """Data parallelism through the Soft Memory Box, synchronous or not.
 
     Swap it in for any tf.distribute strategy and launch N processes:
@@ -438,8 +506,6 @@ class SMBStrategy(collective_all_reduce_strategy.CollectiveAllReduceStrategy):
         job = job or env_lib.detect()
         if job.size > 1:
             job = smb_ops.init(job, timeout_s=timeout_s, staging_bytes=staging_bytes)
-            _keras_saves_on_rank0_only(job.rank)
-        self._job = job
         self._mode = mode
         async_config = None
         if mode == "async":
@@ -447,49 +513,12 @@ class SMBStrategy(collective_all_reduce_strategy.CollectiveAllReduceStrategy):
                                        momentum=momentum,
                                        consistent=consistency == "consistent")
             _install_keras_async_hooks()
-        # Skip CollectiveAllReduceStrategy.__init__: none of its machinery is used.
-        distribute_lib.Strategy.__init__(  # pylint: disable=non-parent-init-called
-            self, SMBExtended(self, job, async_config=async_config))
-        distribute_lib.distribution_strategy_gauge.get_cell("V2").set("SMBStrategy")
+        self._setup(job, SMBExtended(self, job, async_config=async_config))
 
     @property
     def mode(self) -> str:
         """"sync" or "async"."""
         return self._mode
-
-    @property
-    def rank(self) -> int:
-        """This worker's index."""
-        return self._job.rank
-
-    @property
-    def size(self) -> int:
-        """The number of workers."""
-        return self._job.size
-
-    def reduce(self, reduce_op, value, axis):
-        """Reduces `value` over workers (and along `axis` when it has one).
-
-        Keras 3 reduces every step's scalar logs with axis=0; a scalar has no
-        axis 0, so it is reduced over workers only. Input batches (PerReplica
-        values from a distributed dataset) differ in shape between workers and
-        cannot be combined: Keras reduces one only to learn its structure, so
-        this worker's batch is returned.
-        """
-        if any(isinstance(v, values_lib.PerReplica) for v in tf.nest.flatten(value)):
-            return tf.nest.map_structure(
-                lambda v: v.values[0] if isinstance(v, values_lib.PerReplica) else v,
-                value)
-        if axis is not None and all(
-                getattr(v, "shape", None) is not None and v.shape.rank == 0
-                for v in tf.nest.flatten(value)):
-            axis = None
-        return super().reduce(reduce_op, value, axis)
-
-    @property
-    def cluster_resolver(self):
-        """SMBStrategy needs no cluster resolver: the box is the rendezvous."""
-        return None
 
     def finish_training(self) -> None:
         """Async mode: this worker is done; wait for the other live workers,
@@ -501,12 +530,6 @@ class SMBStrategy(collective_all_reduce_strategy.CollectiveAllReduceStrategy):
         smb_ops.clock_finish(True)
         smb_ops.wait_all_finished()
         ext.refresh_from_box()
-
-    def __deepcopy__(self, memo):
-        # Strategies are shared, not copied (Keras deep-copies configs).
-        memo[id(self)] = self
-        return self
-
 
 _KERAS_HOOKED = False
 

@@ -3,6 +3,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install.sh --test || exit 1
+# The reference strategy's tests need Horovod (built once, then cached).
+bash tools/install_horovod.sh || exit 1
 VENV=${TF_SMB_VENV:-.venv}
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
 rc=$?

@@ -249,10 +249,13 @@ def main():
                    help="also write the result to RESULT_DIR/rank<r>.json")
     a = p.parse_args()
     keras.utils.set_random_seed(1234)
-    strategy = tf_smb.SMBStrategy(timeout_s=float(os.environ.get("TEST_TIMEOUT", "60")))
+    if os.environ.get("TEST_STRATEGY") == "horovod":
+        strategy = tf_smb.HorovodStrategy()
+    else:
+        strategy = tf_smb.SMBStrategy(timeout_s=float(os.environ.get("TEST_TIMEOUT", "60")))
     result = globals()["scenario_" + a.scenario](strategy, a)
-    result["rank"] = tf_smb.rank()
-    result["size"] = tf_smb.size()
+    result["rank"] = strategy.rank
+    result["size"] = strategy.size
     print(json.dumps(result), flush=True)
     if a.result_dir:
         with open(os.path.join(a.result_dir, f"rank{result['rank']}.json"), "w") as f:

@@ -1,0 +1,69 @@
+"""HorovodStrategy: the reference. The same strategy machinery as SMBStrategy
+(tf_smb/strategy.py) with one thing swapped: gradients are combined by
+Horovod's TensorFlow ops (grouped all-reduce, broadcast) under Horovod's MPI or
+Gloo controller instead of through the box. Comparisons between the two
+therefore measure the collectives and nothing else.
+
+    strategy = tf_smb.HorovodStrategy()
+    $ horovodrun -np 2 --gloo python train.py      # or: mpirun -np 2 python train.py
+
+Horovod is optional and reference-only: install it with
+`bash tools/install_horovod.sh` (it builds Horovod 0.28.1 for TF 2.21).
+"""
+from __future__ import annotations
+
+from typing import List
+
+import tensorflow as tf
+
+from tf_smb import env as env_lib
+from tf_smb.strategy import DataParallelStrategy, SMBExtended
+
+INSTALL_HINT = (
+    "HorovodStrategy needs Horovod, an optional reference-only dependency. "
+    "Install it with `bash tools/install_horovod.sh` (builds Horovod 0.28.1 "
+    "against the installed TensorFlow with Gloo and Open MPI, ~15 minutes, "
+    "cached in ~/.cache/tf_smb). SMBStrategy does not need it.")
+
+
+def _import_horovod():
+    try:
+        import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise ImportError(f"{INSTALL_HINT} ({e})") from e
+    return hvd
+
+
+class HorovodCollectives:
+    """Collectives through Horovod's TensorFlow ops."""
+
+    def __init__(self, hvd) -> None:
+        self._hvd = hvd
+
+    def allreduce(self, tensors: List[tf.Tensor]) -> List[tf.Tensor]:
+        return list(self._hvd.grouped_allreduce(tensors, op=self._hvd.Sum))
+
+    def broadcast(self, tensors: List[tf.Tensor], root: int) -> List[tf.Tensor]:
+        out = []
+        for t in tensors:
+            as_int = t.dtype == tf.bool
+            got = self._hvd.broadcast(tf.cast(t, tf.int32) if as_int else t, root_rank=root)
+            out.append(tf.cast(got, tf.bool) if as_int else got)
+        return out
+
+
+class HorovodStrategy(DataParallelStrategy):
+    """Synchronous data parallelism with Horovod's collectives (the reference).
+
+    Behaves like SMBStrategy(mode="sync") in every other respect: one replica
+    per process, variables broadcast from rank 0, one fused all-reduce per
+    step, sharded input, evaluate/predict over all workers, rank 0 saves.
+    Launch with `horovodrun` (Gloo or MPI) or `mpirun`.
+    """
+
+    def __init__(self) -> None:
+        hvd = _import_horovod()
+        hvd.init()
+        job = env_lib.JobInfo(rank=hvd.rank(), size=hvd.size(), job_id="horovod",
+                              box_created=False, launcher="horovod")
+        self._setup(job, SMBExtended(self, job, collectives=HorovodCollectives(hvd)))
