@@ -20,6 +20,7 @@ _JOB: Optional[env_lib.JobInfo] = None
 # Seconds a collective waits for the other workers before failing.
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_STAGING_BYTES = 16 << 20
+DEFAULT_HEAP_BYTES = 4 << 30  # sparse: only what segments use costs memory
 
 
 def _library():
@@ -47,7 +48,8 @@ def _float_env(name: str, default: float) -> float:
 
 
 def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = None,
-         staging_bytes: Optional[int] = None) -> env_lib.JobInfo:
+         staging_bytes: Optional[int] = None,
+         heap_bytes: Optional[int] = None) -> env_lib.JobInfo:
     """Joins this process to its job's box (idempotent).
 
     Args:
@@ -56,6 +58,8 @@ def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = Non
         (default: $TF_SMB_TIMEOUT or 600 s).
       staging_bytes: staging buffer per worker, used when this process creates
         the box (default: $TF_SMB_STAGING_BYTES or 16 MiB).
+      heap_bytes: room for parameter segments (async mode), used when this
+        process creates the box (default: $TF_SMB_HEAP_BYTES or 4 GiB, sparse).
     Returns:
       The job this process joined.
     """
@@ -65,12 +69,14 @@ def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = Non
         timeout_s = _float_env("TF_SMB_TIMEOUT", DEFAULT_TIMEOUT_S)
     if staging_bytes is None:
         staging_bytes = int(_float_env("TF_SMB_STAGING_BYTES", DEFAULT_STAGING_BYTES))
+    if heap_bytes is None:
+        heap_bytes = int(_float_env("TF_SMB_HEAP_BYTES", DEFAULT_HEAP_BYTES))
     with tf.init_scope():
         _library().smb_init(
             job_id=job.job_id, rank=job.rank, world=job.size,
             timeout_seconds=float(timeout_s),
             create=(job.rank == 0 and not job.box_created and job.size > 1),
-            staging_bytes=int(staging_bytes))
+            staging_bytes=int(staging_bytes), heap_bytes=int(heap_bytes))
     _JOB = job
     return job
 

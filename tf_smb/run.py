@@ -35,6 +35,9 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="collective timeout in seconds, passed as TF_SMB_TIMEOUT")
     parser.add_argument("--staging-bytes", type=int, default=16 << 20,
                         help="staging area of the box in bytes (default 16 MiB)")
+    parser.add_argument("--heap-bytes", type=int, default=4 << 30,
+                        help="room for parameter segments (async mode) in bytes "
+                             "(default 4 GiB; sparse, only what is used costs memory)")
     parser.add_argument("--keep-going", action="store_true",
                         help="when a worker fails, let the others finish (for "
                              "SMBStrategy(mode='async')); exit non-zero at the end")
@@ -47,6 +50,8 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         parser.error(f"-np must be at least 1, got {args.np}")
     if args.timeout is not None and args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout}")
+    if args.heap_bytes < 0:
+        parser.error(f"--heap-bytes must be non-negative, got {args.heap_bytes}")
     if args.staging_bytes < 1:
         parser.error(f"--staging-bytes must be positive, got {args.staging_bytes}")
     if not args.command:
@@ -146,7 +151,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
-            box = _box.create_box(job_id, args.np, staging_bytes=args.staging_bytes)
+            box = _box.create_box(job_id, args.np, staging_bytes=args.staging_bytes,
+                                  heap_bytes=args.heap_bytes)
         except (RuntimeError, ValueError) as e:
             print(f"{_PREFIX}cannot create the box for job {job_id}: {e}", file=sys.stderr)
             return 1

@@ -20,7 +20,7 @@ REGISTER_OP("SmbInit")
     .Attr("timeout_seconds: float = 600")
     .Attr("create: bool = false")
     .Attr("staging_bytes: int = 16777216")
-    .Attr("heap_bytes: int = 268435456")
+    .Attr("heap_bytes: int = 4294967296")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(

@@ -113,7 +113,7 @@ PYBIND11_MODULE(_box, m) {
         return std::make_unique<BoxHandle>(std::move(box));
       },
       py::arg("job_id"), py::arg("world"), py::arg("staging_bytes") = 16u << 20,
-      py::arg("heap_bytes") = 256u << 20,
+      py::arg("heap_bytes") = size_t{4} << 30,
       "Creates a job's box (mode 0600); it is removed when the last user closes.");
 
   py::class_<BoxHandle>(m, "Box")
@@ -145,7 +145,7 @@ PYBIND11_MODULE(_box, m) {
            py::arg("job_id"), py::arg("rank"), py::arg("world"),
            py::arg("timeout_s") = 600.0, py::arg("create") = false,
            py::arg("staging_bytes") = 16u << 20,
-           py::arg("heap_bytes") = 256u << 20)
+           py::arg("heap_bytes") = size_t{4} << 30)
       .def_property_readonly("rank", &smb::Communicator::rank)
       .def_property_readonly("world", &smb::Communicator::world)
       .def("allreduce",

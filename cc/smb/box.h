@@ -104,8 +104,9 @@ class Box {
     // chunks of this size, so tensors of any size fit a bounded box.
     size_t staging_bytes = 16u << 20;
     // Room for named segments (parameters in the asynchronous mode). The
-    // region is sparse: untouched pages cost no memory.
-    size_t heap_bytes = 256u << 20;
+    // region is sparse: untouched pages cost no memory, so a generous
+    // default fits large models (VGG-16 with momentum needs ~1.1 GB).
+    size_t heap_bytes = size_t{4} << 30;
   };
 
   // Creates the job's box. Fails with kAlreadyExists if a live job uses the

@@ -45,7 +45,7 @@ class Communicator {
     // Create the box (rank 0 when no launcher made it); others attach.
     bool create = false;
     size_t staging_bytes = 16u << 20;
-    size_t heap_bytes = 256u << 20;
+    size_t heap_bytes = size_t{4} << 30;
   };
 
   static Status Open(const Options& options, std::unique_ptr<Communicator>* out);
