@@ -69,7 +69,7 @@ def main(argv: Sequence[str]) -> None:
     del argv  # Unused.
     keras.utils.set_random_seed(FLAGS.seed)  # Identical initial weights on every worker.
     strategy = keras_digits.make_strategy(FLAGS.strategy)
-    rank = keras_digits.worker_rank(FLAGS.strategy)
+    rank = keras_digits.worker_rank(strategy)
     global_batch = FLAGS.batch_size
     if global_batch % strategy.num_replicas_in_sync:
         raise app.UsageError(f"--batch_size={global_batch} must be divisible by the "

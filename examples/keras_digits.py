@@ -40,7 +40,7 @@ from sklearn import datasets, model_selection  # noqa: E402
 
 FLAGS = flags.FLAGS
 
-STRATEGIES = ("smb", "mirrored", "default")
+STRATEGIES = ("smb", "horovod", "mirrored", "default")
 NUM_CLASSES = 10
 IMAGE_SHAPE = (8, 8, 1)
 
@@ -117,7 +117,9 @@ def _import_tf_smb():
 
 
 def make_strategy(name: str) -> tf.distribute.Strategy:
-    """Builds the strategy named by --strategy; tf_smb is imported only for "smb"."""
+    """Builds the strategy named by --strategy; tf_smb is imported only for
+    "smb" and "horovod" (the reference: the same strategy with Horovod's
+    collectives)."""
     if name == "smb":
         if FLAGS.mode == "async":
             # With update=sgd the box runs momentum SGD from the pushed gradient.
@@ -125,6 +127,8 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
                 mode="async", staleness=FLAGS.staleness, update=FLAGS.update,
                 momentum=0.9 if FLAGS.update == "sgd" else 0.0)
         return _import_tf_smb().SMBStrategy()
+    if name == "horovod":
+        return _import_tf_smb().HorovodStrategy()
     if name == "mirrored":
         return tf.distribute.MirroredStrategy()
     if name == "default":
@@ -132,9 +136,9 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
     raise ValueError(f"unknown strategy {name!r}; expected one of {STRATEGIES}")
 
 
-def worker_rank(name: str) -> int:
-    """This worker's index: tf_smb.rank() under SMB, else 0 (single process)."""
-    return _import_tf_smb().rank() if name == "smb" else 0
+def worker_rank(strategy: tf.distribute.Strategy) -> int:
+    """This worker's index (0 for strategies without one: a single process)."""
+    return getattr(strategy, "rank", 0)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -142,7 +146,7 @@ def main(argv: Sequence[str]) -> None:
     # Same seed everywhere before any weights exist: identical initial models.
     keras.utils.set_random_seed(FLAGS.seed)
     strategy = make_strategy(FLAGS.strategy)
-    rank = worker_rank(FLAGS.strategy)
+    rank = worker_rank(strategy)
     data = load_data(FLAGS.seed)
 
     with strategy.scope():
