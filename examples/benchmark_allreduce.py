@@ -25,22 +25,21 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import pathlib
-import re
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import app, flags
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_common as bc  # noqa: E402  (shared helpers: shapes, processes, the timed loop)
+# Shared helpers, under the names this module has always had.
+from bench_common import (free_ports, fmt, median_ms, memcpy_times, ratio,  # noqa: E402
+                          run_processes, set_bytes)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = pathlib.Path(__file__).resolve()
@@ -73,145 +72,23 @@ def set_shapes(name: str) -> List[Tuple[int, ...]]:
         return [(FLAT_SETS[name],)]
     if name not in MODEL_SETS:
         raise ValueError(f"unknown set {name!r}; known: {sorted(FLAT_SETS) + list(MODEL_SETS)}")
-    import keras  # only the model sets need Keras
-    if name == "resnet50":
-        model = keras.applications.ResNet50(weights=None)
-    else:
-        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
-                                  keras.layers.Dense(64, activation="relu"),
-                                  keras.layers.Dense(10)])
-    shapes = [tuple(int(d) for d in v.shape) for v in model.trainable_variables]
-    del model
-    keras.backend.clear_session()
-    return shapes
-
-
-def set_bytes(shapes: Sequence[Tuple[int, ...]]) -> int:
-    return sum(4 * math.prod(s) for s in shapes)
+    # This script's "mlp" is bench_common's 32-64-64-10 "tiny_mlp".
+    return bc.model_shapes("tiny_mlp" if name == "mlp" else name)
 
 
 # --------------------------------------------------------------------------- workers
 
 def run_worker(role: str, set_name: str, iters: int, warmup: int) -> None:
     """Times the all-reduce of one set; rank 0 prints one RESULT_TAG + JSON line."""
-    import numpy as np
-    import tensorflow as tf
-
-    if role == "smb":
-        import tf_smb
-        tf_smb.init()
-        rank, world = tf_smb.rank(), tf_smb.size()
-
-        @tf.function
-        def reduce_fn(xs: List[tf.Tensor]) -> List[tf.Tensor]:
-            return tf_smb.allreduce(xs)
-
-        barrier = tf_smb.barrier
-    else:
-        cluster = json.loads(os.environ["TF_CONFIG"])
-        rank, world = cluster["task"]["index"], len(cluster["cluster"]["worker"])
-        options = tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING)
-        # Before anything else initializes TensorFlow's context (building a Keras model does).
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-
-        def replica_fn(xs: List[tf.Tensor]) -> List[tf.Tensor]:
-            # The function's inputs have no device, and all_reduce sends each result to
-            # its input's device; tf.identity (no copy) places them on the replica's.
-            xs = [tf.identity(x) for x in xs]
-            return tf.distribute.get_replica_context().all_reduce("sum", xs)
-
-        @tf.function
-        def reduce_fn(xs: List[tf.Tensor]) -> List[tf.Tensor]:
-            return strategy.experimental_local_results(strategy.run(replica_fn, args=(xs,)))[0]
-
-        one = tf.ones([])
-
-        def barrier() -> None:
-            reduce_fn([one])[0].numpy()
-
-    shapes = set_shapes(set_name)
-    inputs = [tf.fill(s, float(rank + 1)) for s in shapes]
-    outputs = reduce_fn(inputs)
-    expected = world * (world + 1) / 2
-    for i, (o, s) in enumerate(zip(outputs, shapes)):
-        got = o.numpy()
-        if got.shape != s or not np.all(got == expected):
-            raise AssertionError(f"{role}: tensor {i} {s}: all-reduce gave shape {got.shape}, "
-                                 f"values {np.unique(got)[:5]}, want all {expected}")
-    del outputs
-    times: List[float] = []
-    for it in range(warmup + iters):
-        barrier()
-        start = time.perf_counter()
-        outputs = reduce_fn(inputs)
-        outputs[-1].numpy().flat[:1]  # forces the result; numpy() of a CPU tensor is no copy
-        elapsed = time.perf_counter() - start
-        del outputs
-        if it >= warmup:
-            times.append(elapsed)
-    barrier()
+    # The collective first: MWMS must start before a Keras model initializes TensorFlow.
+    rank, world, reduce_fn, barrier = bc.collective(role)
+    result = bc.time_collective(role, set_name, set_shapes(set_name), iters, warmup,
+                                rank, world, reduce_fn, barrier)
     if rank == 0:
-        print(RESULT_TAG + json.dumps({"role": role, "set": set_name, "world": world,
-                                       "bytes": set_bytes(shapes), "tensors": len(shapes),
-                                       "times_s": times}), flush=True)
+        print(RESULT_TAG + json.dumps(result), flush=True)
 
 
 # --------------------------------------------------------------------------- driver
-
-def free_ports(n: int) -> List[int]:
-    """`n` distinct free TCP ports on 127.0.0.1 (bound to port 0, then released)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def run_processes(cmds: Sequence[Tuple[List[str], Dict[str, str]]],
-                  timeout: float) -> Tuple[bool, List[str], str]:
-    """Runs the commands together; stops them all when one fails or `timeout` passes.
-
-    Returns (all succeeded, each one's output, a reason when they did not).
-    """
-    files = [tempfile.TemporaryFile(mode="w+") for _ in cmds]
-    procs = [subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-                              stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-             for (cmd, env), f in zip(cmds, files)]
-    deadline, reason = time.monotonic() + timeout, ""
-    while any(p.poll() is None for p in procs):
-        failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
-        if failed:
-            reason = f"process {failed[0]} exited with code {procs[failed[0]].returncode}"
-            break
-        if time.monotonic() > deadline:
-            reason = f"timed out after {timeout:.0f} s"
-            break
-        time.sleep(0.1)
-    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        for p in procs:  # SIGTERM lets tf_smb.run stop its own workers
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
-        end = time.monotonic() + grace
-        while time.monotonic() < end and any(p.poll() is None for p in procs):
-            time.sleep(0.1)
-    outputs = []
-    for f in files:
-        f.seek(0)
-        outputs.append(f.read())
-        f.close()
-    if not reason and any(p.returncode != 0 for p in procs):
-        reason = "exit codes " + ", ".join(str(p.returncode) for p in procs)
-    return not reason, outputs, reason
-
 
 def worker_args(role: str, set_name: str, iters: int, warmup: int) -> List[str]:
     return [sys.executable, str(SCRIPT), f"--role={role}", f"--sets={set_name}",
@@ -219,8 +96,8 @@ def worker_args(role: str, set_name: str, iters: int, warmup: int) -> List[str]:
 
 
 def parse_result(output: str) -> Optional[dict]:
-    m = re.search(re.escape(RESULT_TAG) + r"(\{.*\})", output)
-    return json.loads(m.group(1)) if m else None
+    results = bc.parse_tagged(output, RESULT_TAG)
+    return results[0] if results else None
 
 
 def bench_collective(role: str, set_name: str, iters: int, warmup: int) -> Optional[dict]:
@@ -244,31 +121,6 @@ def bench_collective(role: str, set_name: str, iters: int, warmup: int) -> Optio
         print(f"--- {role} on {set_name} failed: {reason or 'no result line'}\n{tail}\n---",
               file=sys.stderr, flush=True)
     return result
-
-
-def memcpy_times(nbytes: int, repeats: int) -> List[float]:
-    """Seconds of `np.copyto` of `nbytes` between two touched buffers, after one warm-up."""
-    import numpy as np
-    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
-    np.copyto(dst, src)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def median_ms(result: Optional[dict]) -> Optional[float]:
-    return 1e3 * statistics.median(result["times_s"]) if result else None
-
-
-def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return a / b if a is not None and b else None
-
-
-def fmt(x: Optional[float], spec: str = ".4g") -> str:
-    return "n/a" if x is None else format(x, spec)
 
 
 def run_driver(sets: List[str], iters: int, warmup: int) -> None:

@@ -1,7 +1,8 @@
 """Benchmarks tf_smb's synchronous and asynchronous modes: cost per step and time to accuracy.
 
 Part 1, communication per step. For the float32 trainable-variable shapes of a model
-(`mlp`: Dense 784-512-512-10; `resnet50` / `vgg16`: `keras.applications.*(weights=None)`),
+(`mlp`: Dense 784-512-512-10; `resnet50` / `vgg16` / `inception_v3`:
+`keras.applications.*(weights=None)`; see bench_common.model_shapes),
 on each number of `--workers`, every worker times these steps, each one tf.function call:
   * sync all-reduce: one fused `tf_smb.allreduce(grads)`, the collective of a
     synchronous step (SMBStrategy(mode="sync"));
@@ -44,11 +45,10 @@ import math
 import os
 import pathlib
 import re
-import secrets
 import statistics
 import sys
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import app, flags
 
@@ -56,19 +56,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import benchmark_allreduce as ba  # noqa: E402  (its helpers: processes, formatting)
+import bench_common as bc  # noqa: E402  (shared helpers: shapes, processes, tables)
+from bench_common import (ASYNC_RESULT_TAG, Failure, error_tail, markdown,  # noqa: E402
+                          model_shapes, pooled_median_ms, report_failure, subprocess_env)
 
 FLAGS = flags.FLAGS
-# benchmark_allreduce defines flags of the same names at import; this script has its own.
-for _flag in FLAGS.get_flags_for_module(ba):
-    delattr(FLAGS, _flag.name)
 
-REPO_ROOT = ba.REPO_ROOT
+REPO_ROOT = bc.REPO_ROOT
 SCRIPT = pathlib.Path(__file__).resolve()
 DIGITS = REPO_ROOT / "examples" / "keras_digits.py"
-RESULT_TAG = "ASYNC_BENCH_RESULT "
+RESULT_TAG = ASYNC_RESULT_TAG  # what the worker prints before each result
 FULL_MODELS, SMOKE_MODELS = "mlp,resnet50,vgg16", "tiny_mlp"
-MODELS = ("tiny_mlp", "mlp", "resnet50", "vgg16")
+MODELS = bc.MODELS  # tiny_mlp, mlp, resnet50, vgg16, inception_v3
 # Per-step kinds of part 1: name -> table column.
 COMM_MODES = {"sync": "sync all-reduce ms", "push": "async read+push ms",
               "sgd": "async read+sgd ms"}
@@ -81,7 +80,7 @@ SGD_LEARNING_RATE = 1e-3
 
 flags.DEFINE_enum("role", "driver", ["driver", "worker"], "driver, or one part-1 worker")
 flags.DEFINE_string("models", None, f"comma list of {', '.join(MODELS)} (default "
-                    f"{FULL_MODELS}; with --smoke {SMOKE_MODELS}); a worker takes one")
+                    f"{FULL_MODELS}; with --smoke {SMOKE_MODELS})")
 flags.DEFINE_string("workers", None, "comma list of worker counts (default 2,3; smoke 2)")
 flags.DEFINE_string("comm_modes", ",".join(COMM_MODES),
                     f"part-1 step kinds, from {', '.join(COMM_MODES)}; empty skips part 1")
@@ -100,30 +99,6 @@ flags.DEFINE_float("timeout", 900.0, "seconds each subprocess may run before it 
 flags.DEFINE_string("out_dir", "bench_out", "where the results go")
 
 
-# --------------------------------------------------------------------------- models
-
-def model_shapes(name: str) -> List[Tuple[int, ...]]:
-    """The shapes of model `name`'s trainable variables (built once, then dropped)."""
-    if name == "tiny_mlp":
-        return ba.set_shapes("mlp")  # benchmark_allreduce's 32-64-64-10 MLP
-    if name == "resnet50":
-        return ba.set_shapes("resnet50")
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
-    import keras
-    if name == "vgg16":
-        model = keras.applications.VGG16(weights=None)
-    else:
-        model = keras.Sequential([keras.Input((784,)),
-                                  keras.layers.Dense(512, activation="relu"),
-                                  keras.layers.Dense(512, activation="relu"),
-                                  keras.layers.Dense(10)])
-    shapes = [tuple(int(d) for d in v.shape) for v in model.trainable_variables]
-    del model
-    keras.backend.clear_session()
-    return shapes
-
-
 # --------------------------------------------------------------------------- worker
 
 def run_worker(model: str, modes: Sequence[str], iters: int, warmup: int) -> None:
@@ -136,7 +111,7 @@ def run_worker(model: str, modes: Sequence[str], iters: int, warmup: int) -> Non
     tf_smb.init()
     rank, world = tf_smb.rank(), tf_smb.size()
     shapes = model_shapes(model)
-    names = [f"p{i}" for i in range(len(shapes))]
+    names = [f"{model}/p{i}" for i in range(len(shapes))]  # one box may hold several models
     # The gradients (sync, sgd) and deltas (push): rank + 1 everywhere, so the sums are known.
     grads = [tf.fill(s, float(rank + 1)) for s in shapes]
     learning_rate = tf.constant(SGD_LEARNING_RATE)
@@ -203,58 +178,12 @@ def run_worker(model: str, modes: Sequence[str], iters: int, warmup: int) -> Non
                                          f"after the pushes, want all {expected}")
             tf_smb.barrier()  # before the sgd steps change the segments
         print(RESULT_TAG + json.dumps({"model": model, "mode": mode, "world": world,
-                                       "rank": rank, "bytes": ba.set_bytes(shapes),
+                                       "rank": rank, "bytes": bc.set_bytes(shapes),
                                        "params": sum(math.prod(s) for s in shapes),
                                        "tensors": len(shapes), "times_s": times}), flush=True)
 
 
 # --------------------------------------------------------------------------- driver
-
-class Failure(NamedTuple):
-    what: str
-    reason: str
-    tail: str
-
-
-def subprocess_env() -> Dict[str, str]:
-    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0",
-                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                         os.environ.get("PYTHONPATH")])))
-
-
-def error_tail(outputs: Sequence[str], lines: int = 12) -> str:
-    tail = "\n".join("\n".join(o.splitlines()[-lines:]) for o in outputs if o.strip())
-    return tail or "(no output)"
-
-
-def report_failure(failures: List[Failure], what: str, reason: str, tail: str) -> None:
-    print(f"--- {what} failed: {reason}\n{tail}\n---", file=sys.stderr, flush=True)
-    failures.append(Failure(what, reason, tail))
-
-
-def run_box_job(argv: List[str], world: int, heap_bytes: int) -> Tuple[bool, List[str], str]:
-    """Runs `world` workers of `argv` on a new box with `heap_bytes` for segments."""
-    from tf_smb import _box  # the core module: no TensorFlow in the driver
-
-    job_id = f"bench-async-{os.getpid()}-{secrets.token_hex(4)}"
-    box = _box.create_box(job_id, world, heap_bytes=heap_bytes)
-    try:
-        env = subprocess_env()
-        cmds = [(argv, dict(env, TF_SMB_RANK=str(r), TF_SMB_SIZE=str(world),
-                            TF_SMB_JOB_ID=job_id, TF_SMB_BOX_CREATED="1",
-                            PYTHONUNBUFFERED="1"))
-                for r in range(world)]
-        return ba.run_processes(cmds, FLAGS.timeout)
-    finally:
-        try:
-            box.unlink()
-        finally:
-            box.close()
-
-
-def parse_results(output: str) -> List[dict]:
-    return [json.loads(m) for m in re.findall(re.escape(RESULT_TAG) + r"(\{.*\})", output)]
-
 
 def bench_comm(model: str, world: int, modes: List[str], iters: int, warmup: int,
                nbytes: int, failures: List[Failure]) -> Dict[str, List[dict]]:
@@ -266,12 +195,12 @@ def bench_comm(model: str, world: int, modes: List[str], iters: int, warmup: int
             f"--comm_modes={','.join(modes)}", f"--iters={iters}", f"--warmup={warmup}",
             f"--sgd_momentum={FLAGS.sgd_momentum}"]
     try:
-        ok, outputs, reason = run_box_job(argv, world, heap)
+        ok, outputs, reason = bc.run_box_job(argv, world, heap, FLAGS.timeout)
     except (RuntimeError, ValueError, OSError) as e:
         ok, outputs, reason = False, [], f"cannot create the box: {e}"
     results: Dict[str, List[dict]] = {m: [] for m in modes}
     for out in outputs:  # results printed before a failure still count
-        for r in parse_results(out):
+        for r in bc.parse_tagged(out, RESULT_TAG):
             results[r["mode"]].append(r)
     missing = [m for m in modes if len(results[m]) != world]
     if not ok or missing:
@@ -282,11 +211,6 @@ def bench_comm(model: str, world: int, modes: List[str], iters: int, warmup: int
     return results
 
 
-def pooled_median_ms(results: List[dict]) -> Optional[float]:
-    times = [t for r in results for t in r["times_s"]]
-    return 1e3 * statistics.median(times) if times else None
-
-
 def run_tta(mode: str, epochs: Optional[int], failures: List[Failure]
             ) -> Optional[Tuple[float, float]]:
     """One keras_digits run under tf_smb.run: (wall seconds, rank 0's test accuracy)."""
@@ -295,7 +219,7 @@ def run_tta(mode: str, epochs: Optional[int], failures: List[Failure]
     if epochs is not None:
         argv.append(f"--epochs={epochs}")
     start = time.perf_counter()
-    ok, outputs, reason = ba.run_processes([(argv, subprocess_env())], FLAGS.timeout)
+    ok, outputs, reason = bc.run_processes([(argv, subprocess_env())], FLAGS.timeout)
     wall = time.perf_counter() - start
     m = re.search(r"^\[0\]: test accuracy: ([0-9.]+)\s*$", outputs[0], re.MULTILINE)
     if not ok or m is None:
@@ -303,11 +227,6 @@ def run_tta(mode: str, epochs: Optional[int], failures: List[Failure]
                        error_tail(outputs))
         return None
     return wall, float(m.group(1))
-
-
-def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = [list(header), ["---"] * len(header), *map(list, rows)]
-    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
 
 def run_driver(models: List[str], worlds: List[int], modes: List[str],
@@ -324,24 +243,24 @@ def run_driver(models: List[str], worlds: List[int], modes: List[str],
         comm_rows: List[List[object]] = []  # model, workers, then numbers or None
         for model in models:
             shapes = model_shapes(model)
-            nbytes, params = ba.set_bytes(shapes), sum(math.prod(s) for s in shapes)
+            nbytes, params = bc.set_bytes(shapes), sum(math.prod(s) for s in shapes)
             for world in worlds:
                 results = bench_comm(model, world, modes, iters, warmup, nbytes, failures)
                 raw["comm"][f"{model}/{world}"] = results
                 ms = {m: pooled_median_ms(results[m]) for m in modes}
                 comm_rows.append([model, world, params / 1e6, nbytes / 2**20,
                                   *(ms[m] for m in modes),
-                                  ba.ratio(ms.get("sync"), ms.get("push"))])
+                                  bc.ratio(ms.get("sync"), ms.get("push"))])
                 print(f"{model} at {world} workers: " + ", ".join(
-                    f"{m} {ba.fmt(ms[m])} ms" for m in modes), flush=True)
-        table = markdown(header, [[str(r[0]), str(r[1]), *(ba.fmt(x, ".4g") for x in r[2:-1]),
-                                   ba.fmt(r[-1], ".2f")] for r in comm_rows])
+                    f"{m} {bc.fmt(ms[m])} ms" for m in modes), flush=True)
+        table = markdown(header, [[str(r[0]), str(r[1]), *(bc.fmt(x, ".4g") for x in r[2:-1]),
+                                   bc.fmt(r[-1], ".2f")] for r in comm_rows])
         note = (f"float32; MB = MiB of parameters; ms per step, medians over every "
                 f"worker's {iters} timed steps after {warmup} warm-up; sync/async = sync "
                 f"all-reduce / async read+push; read+sgd momentum {FLAGS.sgd_momentum}.")
         sections.append(f"## Communication per step\n\n{table}\n\n{note}")
         with open(out_dir / "async_comm.csv", "w", newline="") as f:
-            csv.writer(f).writerows([header] + [[r[0], r[1], *(ba.fmt(x, ".6g") for x in r[2:])]
+            csv.writer(f).writerows([header] + [[r[0], r[1], *(bc.fmt(x, ".6g") for x in r[2:])]
                                                 for r in comm_rows])
 
     if tta_modes:
@@ -354,9 +273,9 @@ def run_driver(models: List[str], worlds: List[int], modes: List[str],
             wall = statistics.median(w for w, _ in runs) if runs else None
             acc = statistics.median(a for _, a in runs) if runs else None
             tta_rows.append([TTA_LABELS[mode], wall, acc])
-            print(f"keras_digits {mode}: {ba.fmt(wall)} s, test accuracy {ba.fmt(acc)}",
+            print(f"keras_digits {mode}: {bc.fmt(wall)} s, test accuracy {bc.fmt(acc)}",
                   flush=True)
-        table = markdown(header, [[r[0], ba.fmt(r[1], ".1f"), ba.fmt(r[2], ".4f")]
+        table = markdown(header, [[r[0], bc.fmt(r[1], ".1f"), bc.fmt(r[2], ".4f")]
                                   for r in tta_rows])
         note = (f"`python -m tf_smb.run -np {FLAGS.tta_workers} python examples/keras_digits.py"
                 f" --mode=...`, epochs {epochs if epochs is not None else 'its default (15)'}; "
@@ -364,7 +283,7 @@ def run_driver(models: List[str], worlds: List[int], modes: List[str],
                 f"medians of {FLAGS.repeats} run(s).")
         sections.append(f"## Time to accuracy (keras_digits)\n\n{table}\n\n{note}")
         with open(out_dir / "async_accuracy.csv", "w", newline="") as f:
-            csv.writer(f).writerows([header] + [[r[0], ba.fmt(r[1], ".6g"), ba.fmt(r[2], ".6g")]
+            csv.writer(f).writerows([header] + [[r[0], bc.fmt(r[1], ".6g"), bc.fmt(r[2], ".6g")]
                                                 for r in tta_rows])
 
     if failures:
@@ -392,10 +311,11 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unknown models or --comm_modes: {unknown}")
     if iters < 1 or warmup < 0:
         raise app.UsageError("need --iters >= 1 and --warmup >= 0")
-    if FLAGS.role == "worker":
-        if len(models) != 1 or not modes:
-            raise app.UsageError(f"a worker takes one model and some modes, got {models}")
-        run_worker(models[0], modes, iters, warmup)
+    if FLAGS.role == "worker":  # one model after the other, in the same box
+        if not models or not modes:
+            raise app.UsageError(f"a worker takes models and modes, got {models}, {modes}")
+        for model in models:
+            run_worker(model, modes, iters, warmup)
         return
     try:
         worlds = [int(w) for w in split_list(FLAGS.workers, "2" if FLAGS.smoke else "2,3")]
