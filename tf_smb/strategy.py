@@ -2,9 +2,12 @@
 the Soft Memory Box instead of passing messages.
 
 One replica per process. Variables created in the strategy's scope start equal
-on every worker (broadcast from rank 0); gradients are summed through the box
-in one fused collective per step, so N workers with batch B train like one
-process with batch N*B.
+on every worker (broadcast from rank 0). mode="sync": gradients are summed
+through the box in one fused collective per step, so N workers with batch B
+train like one process with batch N*B. mode="async": trainable variables live
+in the box; workers read them every step and push updates without waiting.
+DataParallelStrategy holds what the reference HorovodStrategy shares
+(tf_smb/horovod_strategy.py): only the collectives backend differs.
 
 How it plugs into TensorFlow and Keras 3 (see DESIGN.md section 3):
   * the extended class builds on TF's OneDeviceExtended (one local device) and
