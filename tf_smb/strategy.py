@@ -225,7 +225,10 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
                 dataset = dataset.shard(self._job.size, self._job.rank)
             return super()._experimental_distribute_dataset(dataset, options)
         if self._job.size == 1:
-            return super()._experimental_distribute_dataset(dataset, options)
+            # One worker: nothing to shard. The plain dataset, as the default
+            # strategy gives it, spares tf.distribute's iterator wrappers
+            # (measured: ~20% of an MLP's fit throughput).
+            return dataset
         # Rebatch the global batch to global/size and shard it by worker, as
         # MultiWorkerMirroredStrategy does; the iterator then ends every
         # worker's epoch together even when shards have unequal length.
@@ -238,6 +241,8 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
             options=options)
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
+        if self._job.size == 1:
+            return dataset_fn(self._make_input_context())
         return input_util.get_distributed_datasets_from_function(
             dataset_fn,
             self._input_workers_with_options(options),
