@@ -13,21 +13,26 @@ constexpr int kOptimisticReads = 64;  // then read under the writers' lock
 
 size_t Elements(const Segment& s) { return s.bytes / DTypeSize(s.dtype); }
 
+// Takes a segment's write lock. If its holder died mid-update, the partial
+// update stays (as a lost or partial push would in any asynchronous scheme)
+// and the seqlock is made even again.
+bool LockWriters(SegmentEntry* e) {
+  int rc = pthread_mutex_lock(&e->write_lock);
+  if (rc == EOWNERDEAD) {
+    pthread_mutex_consistent(&e->write_lock);
+    const uint64_t v = e->version.load(std::memory_order_relaxed);
+    if (v & 1) e->version.store(v + 1, std::memory_order_relaxed);
+    rc = 0;
+  }
+  return rc == 0;
+}
+
 // Holds a segment's write lock and marks the segment odd (being written)
 // for as long as it lives.
 class WriteGuard {
  public:
   explicit WriteGuard(const Segment& s) : entry_(s.entry) {
-    int rc = pthread_mutex_lock(&entry_->write_lock);
-    if (rc == EOWNERDEAD) {
-      // A writer died mid-update: its partial update stays (as a lost or
-      // partial push would in any asynchronous scheme); restore the seqlock.
-      pthread_mutex_consistent(&entry_->write_lock);
-      const uint64_t v = entry_->version.load(std::memory_order_relaxed);
-      if (v & 1) entry_->version.store(v + 1, std::memory_order_relaxed);
-      rc = 0;
-    }
-    ok_ = rc == 0;
+    ok_ = LockWriters(entry_);
     if (ok_) {
       entry_->version.fetch_add(1, std::memory_order_relaxed);  // now odd
       std::atomic_thread_fence(std::memory_order_release);
@@ -88,14 +93,7 @@ Status ReadSegment(const Segment& segment, void* dst, ReadMode mode) {
     if (e->version.load(std::memory_order_relaxed) == before) return Status::Ok();
   }
   // Writers keep overlapping this read: take their lock so it finishes.
-  int rc = pthread_mutex_lock(&e->write_lock);
-  if (rc == EOWNERDEAD) {
-    pthread_mutex_consistent(&e->write_lock);
-    const uint64_t v = e->version.load(std::memory_order_relaxed);
-    if (v & 1) e->version.store(v + 1, std::memory_order_relaxed);
-    rc = 0;
-  }
-  if (rc != 0) return Locked();
+  if (!LockWriters(e)) return Locked();
   std::memcpy(dst, segment.data, segment.bytes);
   pthread_mutex_unlock(&e->write_lock);
   return Status::Ok();
