@@ -19,7 +19,7 @@ _JOB: Optional[env_lib.JobInfo] = None
 
 # Seconds a collective waits for the other workers before failing.
 DEFAULT_TIMEOUT_S = 600.0
-DEFAULT_STAGING_BYTES = 16 << 20
+DEFAULT_STAGING_BYTES = 1 << 20
 DEFAULT_HEAP_BYTES = 4 << 30  # sparse: only what segments use costs memory
 
 
@@ -57,7 +57,7 @@ def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = Non
       timeout_s: how long any collective waits for the others
         (default: $TF_SMB_TIMEOUT or 600 s).
       staging_bytes: staging buffer per worker, used when this process creates
-        the box (default: $TF_SMB_STAGING_BYTES or 16 MiB).
+        the box (default: $TF_SMB_STAGING_BYTES or 1 MiB).
       heap_bytes: room for parameter segments (async mode), used when this
         process creates the box (default: $TF_SMB_HEAP_BYTES or 4 GiB, sparse).
     Returns:

@@ -33,8 +33,8 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="number of workers (>= 1)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="collective timeout in seconds, passed as TF_SMB_TIMEOUT")
-    parser.add_argument("--staging-bytes", type=int, default=16 << 20,
-                        help="staging area of the box in bytes (default 16 MiB)")
+    parser.add_argument("--staging-bytes", type=int, default=1 << 20,
+                        help="staging area of the box in bytes (default 1 MiB)")
     parser.add_argument("--heap-bytes", type=int, default=4 << 30,
                         help="room for parameter segments (async mode) in bytes "
                              "(default 4 GiB; sparse, only what is used costs memory)")

@@ -16,6 +16,7 @@
 
 #include "cc/smb/communicator.h"
 #include "cc/smb/store.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -213,15 +214,12 @@ class SmbInitOp : public OpKernel {
   smb::Communicator::Options options_;
 };
 
-// Shared by the list ops: builds outputs (reusing input buffers where TF
-// allows) and the TensorRefs the core reads and writes.
-absl::Status PrepareList(OpKernelContext* c, std::vector<smb::TensorRef>* refs) {
+// Shared by the list ops: the TensorRefs the core reads (outputs unset).
+absl::Status DescribeInputs(OpKernelContext* c, std::vector<smb::TensorRef>* refs) {
   OpInputList inputs;
   TF_RETURN_IF_ERROR(c->input_list("tensors", &inputs));
   for (int i = 0; i < inputs.size(); ++i) {
     const Tensor& in = inputs[i];
-    Tensor* out = nullptr;
-    TF_RETURN_IF_ERROR(c->forward_input_or_allocate_output({i}, i, in.shape(), &out));
     smb::DType dtype;
     if (!ToSmbDType(in.dtype(), &dtype)) {
       return absl::InvalidArgumentError(
@@ -230,21 +228,79 @@ absl::Status PrepareList(OpKernelContext* c, std::vector<smb::TensorRef>* refs) 
     }
     const auto dims = in.shape().dim_sizes();
     std::vector<int64_t> shape(dims.begin(), dims.end());
-    refs->push_back({dtype, std::move(shape), in.tensor_data().data(),
-                     const_cast<char*>(out->tensor_data().data())});
+    refs->push_back({dtype, std::move(shape), in.tensor_data().data(), nullptr});
   }
   return absl::OkStatus();
 }
+
+// Allocates the outputs (reusing input buffers where TF allows) and points
+// the refs' `out` at them.
+absl::Status BindOutputs(OpKernelContext* c, std::vector<smb::TensorRef>* refs) {
+  for (size_t i = 0; i < refs->size(); ++i) {
+    const int index = static_cast<int>(i);
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(c->forward_input_or_allocate_output(
+        {index}, index, c->input(index).shape(), &out));
+    (*refs)[i].out = const_cast<char*>(out->tensor_data().data());
+  }
+  return absl::OkStatus();
+}
+
+// An all-reduce sum that stays in the box: the output tensor points into a
+// result buffer that every rank reads. It does not own that memory, so
+// TensorFlow never hands it to an op to write in place (Tensor::RefCountIsOne
+// is false for it).
+class BoxSumBuffer : public TensorBuffer {
+ public:
+  BoxSumBuffer(std::shared_ptr<smb::ResultHold> hold, void* data, size_t bytes)
+      : TensorBuffer(data), hold_(std::move(hold)), bytes_(bytes) {}
+  size_t size() const override { return bytes_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(AllocationDescription* proto) const override {
+    proto->set_requested_bytes(bytes_);
+    proto->set_allocator_name("tf_smb_box");
+  }
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  std::shared_ptr<smb::ResultHold> hold_;  // the buffer stays ours while we live
+  size_t bytes_;
+};
 
 class SmbAllReduceOp : public AsyncOpKernel {
  public:
   explicit SmbAllReduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     auto refs = std::make_shared<std::vector<smb::TensorRef>>();
-    OP_REQUIRES_OK_ASYNC(c, PrepareList(c, refs.get()), done);
+    OP_REQUIRES_OK_ASYNC(c, DescribeInputs(c, refs.get()), done);
     OP_REQUIRES_OK_ASYNC(
         c, SmbContext::Get().Enqueue([c, refs, done](smb::Communicator* comm) {
-          c->SetStatus(ToTfStatus(comm->AllReduceSum(*refs)));
+          std::vector<void*> sums;
+          std::shared_ptr<smb::ResultHold> hold;
+          auto bind = [c](std::vector<smb::TensorRef>* r) {
+            absl::Status s = BindOutputs(c, r);
+            return s.ok() ? smb::Status::Ok()
+                          : smb::Status(smb::Code::kResourceExhausted,
+                                        std::string(s.message()));
+          };
+          c->SetStatus(ToTfStatus(comm->AllReduceSumShared(*refs, bind, &sums, &hold)));
+          if (c->status().ok() && hold != nullptr) {
+            // The sums are in the box already: outputs point at them.
+            for (size_t i = 0; i < sums.size(); ++i) {
+              const int index = static_cast<int>(i);
+              const Tensor& in = c->input(index);
+              if (in.NumElements() == 0) {
+                Tensor* empty = nullptr;
+                c->SetStatus(c->allocate_output(index, in.shape(), &empty));
+                if (!c->status().ok()) break;
+                continue;
+              }
+              // TensorBuffers are reference counted by TensorFlow: Tensor owns it.
+              core::RefCountPtr<TensorBuffer> buffer(
+                  new BoxSumBuffer(hold, sums[i], in.TotalBytes()));
+              c->set_output(index, Tensor(in.dtype(), in.shape(), std::move(buffer)));
+            }
+          }
           done();
         }),
         done);
@@ -258,7 +314,8 @@ class SmbBroadcastOp : public AsyncOpKernel {
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     auto refs = std::make_shared<std::vector<smb::TensorRef>>();
-    OP_REQUIRES_OK_ASYNC(c, PrepareList(c, refs.get()), done);
+    OP_REQUIRES_OK_ASYNC(c, DescribeInputs(c, refs.get()), done);
+    OP_REQUIRES_OK_ASYNC(c, BindOutputs(c, refs.get()), done);
     const int root = root_;
     OP_REQUIRES_OK_ASYNC(
         c, SmbContext::Get().Enqueue([c, refs, root, done](smb::Communicator* comm) {

@@ -112,7 +112,7 @@ PYBIND11_MODULE(_box, m) {
         ThrowIfError(smb::Box::Create(o, &box));
         return std::make_unique<BoxHandle>(std::move(box));
       },
-      py::arg("job_id"), py::arg("world"), py::arg("staging_bytes") = 16u << 20,
+      py::arg("job_id"), py::arg("world"), py::arg("staging_bytes") = smb::kDefaultStagingBytes,
       py::arg("heap_bytes") = size_t{4} << 30,
       "Creates a job's box (mode 0600); it is removed when the last user closes.");
 
@@ -144,7 +144,7 @@ PYBIND11_MODULE(_box, m) {
            }),
            py::arg("job_id"), py::arg("rank"), py::arg("world"),
            py::arg("timeout_s") = 600.0, py::arg("create") = false,
-           py::arg("staging_bytes") = 16u << 20,
+           py::arg("staging_bytes") = smb::kDefaultStagingBytes,
            py::arg("heap_bytes") = size_t{4} << 30)
       .def_property_readonly("rank", &smb::Communicator::rank)
       .def_property_readonly("world", &smb::Communicator::world)

@@ -19,13 +19,11 @@ namespace smb {
 namespace {
 
 constexpr uint64_t kMagic = 0x534d42424f583031ull;  // "SMBBOX01"
-constexpr uint32_t kLayoutVersion = 2;
+constexpr uint32_t kLayoutVersion = 3;
 constexpr size_t kPage = 4096;
 constexpr char kShmDir[] = "/dev/shm/";
 // A box still being set up is never reclaimed before this age.
 constexpr double kSetupGraceSeconds = 60.0;
-
-size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 // A mutex that works across processes and survives its holder's death.
 void InitSharedMutex(pthread_mutex_t* mu) {
@@ -294,16 +292,17 @@ Status Box::CreateSegment(const std::string& name, DType dtype,
       return Status::Ok();
     }
   }
-  const uint64_t offset = AlignUp(h->heap_used, 64);
-  if (h->segment_count >= static_cast<uint32_t>(kMaxSegments) ||
-      offset + bytes > h->heap_bytes) {
+  if (h->segment_count >= static_cast<uint32_t>(kMaxSegments)) {
     UnlockTable();
     return Status(Code::kResourceExhausted,
-                  "box heap full: segment '" + name + "' needs " +
-                      std::to_string(bytes) + " bytes, " +
-                      std::to_string(h->heap_bytes - std::min<uint64_t>(
-                                                         offset, h->heap_bytes)) +
-                      " left (raise heap_bytes)");
+                  "box segment table full: " + std::to_string(kMaxSegments) +
+                      " segments, cannot add '" + name + "'");
+  }
+  uint64_t offset = 0;
+  Status allocated = AllocateHeapLocked(bytes, "segment '" + name + "'", &offset);
+  if (!allocated.ok()) {
+    UnlockTable();
+    return allocated;
   }
   const uint32_t index = h->segment_count;
   SegmentEntry& e = h->segments[index];
@@ -311,17 +310,41 @@ Status Box::CreateSegment(const std::string& name, DType dtype,
   e.dtype = static_cast<int32_t>(dtype);
   e.rank = static_cast<int32_t>(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) e.dims[i] = shape[i];
-  e.offset = h->heap_offset + offset;
+  e.offset = offset;
   e.bytes = bytes;
   // The key binds the slot to this box, so a key from another job fails.
   e.key = (static_cast<uint64_t>(h->creator_pid) << 32) | (index + 1);
   e.version.store(0);
   InitSharedMutex(&e.write_lock);
-  h->heap_used = offset + bytes;
   h->segment_count = index + 1;  // publish last
   *key = e.key;
   UnlockTable();
   return Status::Ok();
+}
+
+Status Box::AllocateHeapLocked(uint64_t bytes, const std::string& what,
+                               uint64_t* offset) {
+  BoxHeader* h = header_;
+  const uint64_t start = AlignUp(h->heap_used, 64);
+  if (start > h->heap_bytes || bytes > h->heap_bytes - start) {
+    return Status(Code::kResourceExhausted,
+                  "box heap full: " + what + " needs " + std::to_string(bytes) +
+                      " bytes, " +
+                      std::to_string(h->heap_bytes -
+                                     std::min<uint64_t>(start, h->heap_bytes)) +
+                      " left (raise heap_bytes)");
+  }
+  h->heap_used = start + bytes;
+  *offset = h->heap_offset + start;
+  return Status::Ok();
+}
+
+Status Box::AllocateHeap(uint64_t bytes, const std::string& what,
+                         uint64_t* offset) {
+  SMB_RETURN_IF_ERROR(LockTable());
+  Status s = AllocateHeapLocked(bytes, what, offset);
+  UnlockTable();
+  return s;
 }
 
 Status Box::LookupSegment(const std::string& name, uint64_t* key) {

@@ -46,9 +46,11 @@ struct Piece {
   size_t bytes;
 };
 
-// Copies bytes [offset, offset+len) of the concatenation of `pieces` to dst.
-void GatherBytes(const std::vector<Piece>& pieces, size_t offset, size_t len,
-                 char* dst) {
+// Calls fn(piece, offset in the piece, position in the range, bytes) for each
+// part of bytes [offset, offset+len) of the concatenation of `pieces`.
+template <typename Fn>
+void ForRange(const std::vector<Piece>& pieces, size_t offset, size_t len, Fn fn) {
+  size_t pos = 0;
   for (const Piece& p : pieces) {
     if (len == 0) return;
     if (offset >= p.bytes) {
@@ -56,27 +58,46 @@ void GatherBytes(const std::vector<Piece>& pieces, size_t offset, size_t len,
       continue;
     }
     const size_t n = std::min(len, p.bytes - offset);
-    std::memcpy(dst, p.in + offset, n);
-    dst += n;
+    fn(p, offset, pos, n);
+    pos += n;
     len -= n;
     offset = 0;
   }
 }
 
+// Copies bytes [offset, offset+len) of the pieces' inputs to dst.
+void GatherBytes(const std::vector<Piece>& pieces, size_t offset, size_t len,
+                 char* dst) {
+  ForRange(pieces, offset, len, [dst](const Piece& p, size_t at, size_t pos, size_t n) {
+    std::memcpy(dst + pos, p.in + at, n);
+  });
+}
+
 // Copies src to bytes [offset, offset+len) of the pieces' outputs.
 void ScatterBytes(const char* src, size_t offset, size_t len,
                   const std::vector<Piece>& pieces) {
-  for (const Piece& p : pieces) {
-    if (len == 0) return;
-    if (offset >= p.bytes) {
-      offset -= p.bytes;
-      continue;
+  ForRange(pieces, offset, len, [src](const Piece& p, size_t at, size_t pos, size_t n) {
+    std::memcpy(p.out + at, src + pos, n);
+  });
+}
+
+// dst (and copy, if not null) = srcs[0] + srcs[1] + ... in rank order, n
+// elements. Sums a small block at a time in a local buffer, so dst may be
+// any of the sources and the block stays in L1.
+void SumRanks(DType dtype, const std::vector<const char*>& srcs, char* dst,
+              char* copy, size_t n) {
+  alignas(64) char block[16384];
+  const size_t elem = DTypeSize(dtype);
+  const size_t per = sizeof block / elem;
+  for (size_t i = 0; i < n; i += per) {
+    const size_t m = std::min(per, n - i);
+    const size_t at = i * elem;
+    SumInto(dtype, block, srcs[0] + at, srcs[1] + at, m);
+    for (size_t q = 2; q < srcs.size(); ++q) {
+      SumInto(dtype, block, block, srcs[q] + at, m);
     }
-    const size_t n = std::min(len, p.bytes - offset);
-    std::memcpy(p.out + offset, src, n);
-    src += n;
-    len -= n;
-    offset = 0;
+    std::memcpy(dst + at, block, m * elem);
+    if (copy != nullptr) std::memcpy(copy + at, block, m * elem);
   }
 }
 
@@ -155,7 +176,7 @@ Status Communicator::Open(const Options& options,
   return Status::Ok();
 }
 
-Communicator::Communicator(Key, const Options& options, std::unique_ptr<Box> box)
+Communicator::Communicator(Key, const Options& options, std::shared_ptr<Box> box)
     : box_(std::move(box)),
       rank_(options.rank),
       world_(options.world),
@@ -360,18 +381,112 @@ Status Communicator::Barrier() {
   return Agree("barrier", "barrier");
 }
 
+ResultHold::~ResultHold() {
+  box_->header()->results[buffer_].holders.fetch_sub(1, std::memory_order_release);
+}
+
+namespace {
+
+Status CopyThrough(const std::vector<TensorRef>& tensors) {
+  for (const TensorRef& t : tensors) {
+    if (t.in != t.out) {
+      std::memcpy(t.out, t.in, NumElements(t.shape) * DTypeSize(t.dtype));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status Communicator::AllReduceSum(const std::vector<TensorRef>& tensors) {
   SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
-  if (world_ == 1) {
-    for (const TensorRef& t : tensors) {
-      if (t.in != t.out) {
-        std::memcpy(t.out, t.in, NumElements(t.shape) * DTypeSize(t.dtype));
-      }
-    }
-    return Status::Ok();
-  }
+  if (world_ == 1) return CopyThrough(tensors);
   SMB_RETURN_IF_ERROR(Agree("allreduce", Describe("allreduce", tensors)));
+  return ReduceChunks(tensors, /*shared_out=*/false);
+}
+
+Status Communicator::AllReduceSumShared(std::vector<TensorRef> tensors,
+                                        const OutputBinder& bind_outputs,
+                                        std::vector<void*>* sums,
+                                        std::shared_ptr<ResultHold>* hold) {
+  sums->clear();
+  hold->reset();
+  SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
+  if (world_ == 1) {
+    SMB_RETURN_IF_ERROR(bind_outputs(&tensors));
+    return CopyThrough(tensors);
+  }
+  // Where each sum goes in a result buffer: 64-byte aligned, as TensorFlow
+  // wants tensor data.
+  std::vector<size_t> at(tensors.size());
+  size_t need = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    at[i] = need;
+    need = AlignUp(need + NumElements(tensors[i].shape) * DTypeSize(tensors[i].dtype), 64);
+  }
+  BoxHeader* h = box_->header();
+  const int parity = static_cast<int>(collectives_ & 1);  // Agree's parity
+  int choice = -1;
+  if (rank_ == 0) {
+    choice = need >= kSharedMinBytes ? TakeResultBuffer(need) : -1;
+    h->ranks[0].result_choice[parity].store(choice, std::memory_order_relaxed);
+  }
+  Status agreed = Agree("allreduce", Describe("allreduce", tensors));
+  if (!agreed.ok()) {
+    // No rank took a hold; give the buffer back.
+    if (choice >= 0) h->results[choice].holders.store(0);
+    return agreed;
+  }
+  choice = h->ranks[0].result_choice[parity].load(std::memory_order_acquire);
+  if (choice < 0) {
+    Status bound = bind_outputs(&tensors);
+    if (!bound.ok()) {
+      // The others are inside the collective already: fail them too, now.
+      return Abort(bound.code(), "rank " + std::to_string(rank_) +
+                                     " could not allocate all-reduce outputs: " +
+                                     bound.message());
+    }
+    return ReduceChunks(tensors, /*shared_out=*/false);
+  }
+  *hold = std::make_shared<ResultHold>(box_, choice);
+  char* base = box_->base() + h->results[choice].offset;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    tensors[i].out = base + at[i];
+    sums->push_back(tensors[i].out);
+  }
+  SMB_RETURN_IF_ERROR(ReduceChunks(tensors, /*shared_out=*/true));
+  // Every rank's slices are in the buffer before anyone reads them.
+  return Sync("allreduce (result)");
+}
+
+int Communicator::TakeResultBuffer(size_t bytes) {
+  BoxHeader* h = box_->header();
+  int best = -1;   // the smallest free buffer that fits
+  int spare = -1;  // else a free buffer to give new memory: unused ones first
+  for (int k = 0; k < kMaxResults; ++k) {
+    ResultBuffer& b = h->results[k];
+    if (b.holders.load(std::memory_order_acquire) != 0) continue;
+    if (b.bytes >= bytes && (best < 0 || b.bytes < h->results[best].bytes)) best = k;
+    if (spare < 0 || b.bytes < h->results[spare].bytes) spare = k;
+  }
+  if (best < 0 && spare >= 0) {
+    // The heap never shrinks: the spare's old memory (if any) stays unused.
+    uint64_t offset = 0;
+    const uint64_t grown = AlignUp(bytes, size_t{1} << 20);
+    if (box_->AllocateHeap(grown, "an all-reduce result buffer", &offset).ok()) {
+      h->results[spare].offset = offset;
+      h->results[spare].bytes = grown;
+      best = spare;
+    }
+  }
+  if (best >= 0) h->results[best].holders.store(world_, std::memory_order_relaxed);
+  return best;
+}
+
+Status Communicator::ReduceChunks(const std::vector<TensorRef>& tensors,
+                                  bool shared_out) {
   const size_t staging = box_->header()->staging_bytes;
+  std::vector<const char*> sources(world_);
   // One pass per dtype over all tensors of that dtype: tensor fusion.
   for (int32_t code = 1; code <= 6; ++code) {
     const DType dtype = static_cast<DType>(code);
@@ -390,21 +505,31 @@ Status Communicator::AllReduceSum(const std::vector<TensorRef>& tensors) {
     for (size_t offset = 0; offset < total; offset += chunk) {
       const size_t len = std::min(chunk, total - offset);
       const int buffer = static_cast<int>(chunks_++ & 1);
-      GatherBytes(pieces, offset, len, box_->staging(buffer, rank_));
-      SMB_RETURN_IF_ERROR(Sync("allreduce (staging)"));
-      // Partitioned reduction: this rank sums its slice of every rank's
-      // chunk, in rank order, so every rank gets bit-identical results.
+      // Rank q sums bytes [lo(q), hi(q)) of the chunk for everyone.
       const size_t n = len / elem;
-      const size_t lo = n * rank_ / world_;
-      const size_t hi = n * (rank_ + 1) / world_;
-      if (hi > lo) {
-        char* dst = box_->staging(buffer, 0) + lo * elem;
-        for (int r = 1; r < world_; ++r) {
-          SumInto(dtype, dst, dst, box_->staging(buffer, r) + lo * elem, hi - lo);
-        }
-      }
+      auto lo = [&](int q) { return n * q / world_ * elem; };
+      const size_t my_lo = lo(rank_), my_hi = lo(rank_ + 1);
+      char* mine = box_->staging(buffer, rank_);
+      GatherBytes(pieces, offset, my_lo, mine);
+      GatherBytes(pieces, offset + my_hi, len - my_hi, mine + my_hi);
+      SMB_RETURN_IF_ERROR(Sync("allreduce (staging)"));
+      ForRange(pieces, offset + my_lo, my_hi - my_lo,
+               [&](const Piece& p, size_t at, size_t pos, size_t bytes) {
+                 for (int q = 0; q < world_; ++q) {
+                   sources[q] = q == rank_ ? p.in + at
+                                           : box_->staging(buffer, q) + my_lo + pos;
+                 }
+                 // Copied out, the others take this slice from my staging.
+                 SumRanks(dtype, sources, p.out + at,
+                          shared_out ? nullptr : mine + my_lo + pos, bytes / elem);
+               });
+      if (shared_out) continue;
       SMB_RETURN_IF_ERROR(Sync("allreduce (reduction)"));
-      ScatterBytes(box_->staging(buffer, 0), offset, len, pieces);
+      for (int q = 0; q < world_; ++q) {
+        if (q == rank_) continue;
+        ScatterBytes(box_->staging(buffer, q) + lo(q), offset + lo(q),
+                     lo(q + 1) - lo(q), pieces);
+      }
     }
   }
   return Status::Ok();

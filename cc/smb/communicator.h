@@ -1,7 +1,10 @@
-// Collectives through the box: every rank stages its data in the box, the
-// reduction is partitioned (rank r sums slice r of every rank's chunk), and
-// every rank copies the result out. Tensors larger than the staging buffer
-// go through in chunks, double-buffered, so the box stays small.
+// Collectives through the box. All-reduce is partitioned: rank r sums slice r
+// of every chunk, reading its own slice straight from its input and the other
+// ranks' slices from their staging buffers (each rank stages only what the
+// others sum). The sums then either go back to every rank's output
+// (AllReduceSum) or stay in a result buffer of the box that every rank reads
+// in place (AllReduceSumShared: no copy out). Tensors larger than the staging
+// buffer go through in chunks, double-buffered, so the box stays small.
 //
 //   smb::Communicator::Options o;
 //   o.job_id = "job42"; o.rank = rank; o.world = 2;
@@ -15,6 +18,7 @@
 #define TF_SMB_CC_SMB_COMMUNICATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +38,20 @@ struct TensorRef {
   void* out;
 };
 
+// One rank's hold on a result buffer of the box. The buffer is not reused
+// while any rank holds it; the hold ends when this object is destroyed.
+class ResultHold {
+ public:
+  ResultHold(std::shared_ptr<Box> box, int buffer) : box_(std::move(box)), buffer_(buffer) {}
+  ~ResultHold();
+  ResultHold(const ResultHold&) = delete;
+  ResultHold& operator=(const ResultHold&) = delete;
+
+ private:
+  std::shared_ptr<Box> box_;  // keeps the mapping alive while sums are read
+  int buffer_;
+};
+
 class Communicator {
  public:
   struct Options {
@@ -44,7 +62,7 @@ class Communicator {
     double timeout_s = 600.0;
     // Create the box (rank 0 when no launcher made it); others attach.
     bool create = false;
-    size_t staging_bytes = 16u << 20;
+    size_t staging_bytes = kDefaultStagingBytes;
     size_t heap_bytes = size_t{4} << 30;
   };
 
@@ -54,11 +72,22 @@ class Communicator {
     friend class Communicator;
     Key() = default;
   };
-  Communicator(Key, const Options& options, std::unique_ptr<Box> box);
+  Communicator(Key, const Options& options, std::shared_ptr<Box> box);
   ~Communicator();
 
   // out = sum over ranks of in, for every tensor (any mix of dtypes).
   Status AllReduceSum(const std::vector<TensorRef>& tensors);
+  // Like AllReduceSum, but when rank 0 finds a free result buffer (and the
+  // tensors are large enough to gain from it), the sums stay in the box:
+  // (*sums)[i] is tensor i's sum, 64-byte aligned, the same memory on every
+  // rank, valid and unchanged while *hold lives. Else *hold is null, and the
+  // sums go to the `out` pointers that bind_outputs sets first (only then is
+  // it called, so callers allocate outputs only when they are needed).
+  using OutputBinder = std::function<Status(std::vector<TensorRef>*)>;
+  Status AllReduceSumShared(std::vector<TensorRef> tensors,
+                            const OutputBinder& bind_outputs,
+                            std::vector<void*>* sums,
+                            std::shared_ptr<ResultHold>* hold);
   // out = root's in, for every tensor.
   Status Broadcast(int root, const std::vector<TensorRef>& tensors);
   Status Barrier();
@@ -77,6 +106,9 @@ class Communicator {
   int rank() const { return rank_; }
   int world() const { return world_; }
   Box* box() const { return box_.get(); }
+  // Below this many bytes the sums are copied out: a result buffer gains
+  // nothing for small collectives.
+  static constexpr size_t kSharedMinBytes = size_t{256} << 10;
   void set_timeout(double seconds) { timeout_s_ = seconds; }
 
  private:
@@ -90,9 +122,15 @@ class Communicator {
   template <typename Done, typename Lagging>
   Status WaitUntil(const std::string& what, Done done, Lagging lagging);
   bool RankGone(int r) const;
+  // The partitioned reduction of tensors that passed Agree(); with
+  // `shared_out` the outputs are in a result buffer every rank reads.
+  Status ReduceChunks(const std::vector<TensorRef>& tensors, bool shared_out);
+  // Rank 0: a free result buffer of at least `bytes`, now held by every rank;
+  // -1 when none is free or the heap is full.
+  int TakeResultBuffer(size_t bytes);
   Status AbortedStatus() const;
 
-  std::unique_ptr<Box> box_;
+  std::shared_ptr<Box> box_;
   int rank_;
   int world_;
   double timeout_s_;

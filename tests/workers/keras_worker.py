@@ -4,6 +4,7 @@ Run with TF_SMB_RANK/TF_SMB_SIZE set (or under tf_smb.run) for N workers, or
 with no launcher variables for the single-process reference.
 """
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -197,6 +198,82 @@ def scenario_ops(strategy, a):
     keras.utils.set_random_seed(100 + rank)
     model = build(strategy)
     return {"bad": bad, "weights": [w.tolist() for w in model.get_weights()]}
+
+
+def _in_box(t):
+    """Whether tensor t's memory lies in this job's box (read from /proc/self/maps)."""
+    # numpy() copies a tensor whose memory TensorFlow does not own; DLPack
+    # hands out the tensor's own pointer (DLManagedTensor starts with it).
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype = ctypes.c_void_p
+    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    capsule = tf.experimental.dlpack.to_dlpack(t)
+    address = ctypes.c_void_p.from_address(get_pointer(capsule, b"dltensor")).value
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "/tf_smb_" in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if lo <= address < hi:
+                    return True
+    return False
+
+
+def scenario_shared_sums(strategy, a):
+    """Large all-reduces whose sums stay in the box: exact for every dtype,
+    read in place (the output lies in the box), kept intact while held (more
+    held results than the box has result buffers fall back to copies), and
+    never written in place by a later op on any rank."""
+    rank, world = tf_smb.rank(), tf_smb.size()
+    dtypes = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64)
+    sizes = (0, 1, 7, 70_001)  # 70,001 elements x 6 dtypes: ~1.9 MB, one fused call
+
+    def inputs(step):
+        return [tf.cast((tf.range(n) * (step + 3) + rank) % 13, d)
+                for d in dtypes for n in sizes]
+
+    def want(step):
+        return [sum(((np.arange(n) * (step + 3) + r) % 13).astype(np.float64)
+                    for r in range(world)) for d in dtypes for n in sizes]
+
+    def wrong(got, expected):
+        return [f"{t.dtype.name}[{t.shape[0]}]" for t, w in zip(got, expected)
+                if not np.array_equal(tf.cast(t, tf.float64).numpy(), w)]
+
+    bad, in_box = [], []
+    traced = tf.function(tf_smb.allreduce)
+    held = []
+    for step in range(12):  # more than the box's 8 result buffers, all held
+        fn = traced if step % 2 else tf_smb.allreduce
+        got = fn(inputs(step))
+        in_box.append(_in_box(got[-1]))
+        bad += [f"step {step}: {w}" for w in wrong(got, want(step))]
+        held.append(got)
+    for step, got in enumerate(held):  # still intact after the later steps
+        bad += [f"held {step}: {w}" for w in wrong(got, want(step))]
+    del held
+
+    # Rank 0 doubles its sum in a graph where the sum has no other user: there
+    # TensorFlow writes an element-wise op's output into its input's buffer
+    # when it may (measured: Mul, Add and Neg do). The other ranks hold the
+    # same sum meanwhile and must not see the change.
+    big = [tf.fill([100_000], float(rank + 1))]
+    total = world * (world + 1) / 2
+
+    @tf.function
+    def sum_then_double(xs):
+        return tf_smb.allreduce(xs)[0] * 2.0
+
+    if rank == 0:
+        first_added = float(sum_then_double(big)[0])
+        mine = None
+    else:
+        mine = tf_smb.allreduce(big)[0]
+        first_added = None
+    tf_smb.barrier()
+    untouched = None if mine is None else bool(np.all(mine.numpy() == total))
+    tf_smb.barrier()
+    return {"bad": bad, "in_box": in_box, "first_added": first_added,
+            "untouched": untouched, "total": total}
 
 
 def scenario_async_bad_push(strategy, a):
