@@ -19,8 +19,8 @@ One command measures every strategy side by side, on this machine, in one run:
    result; every all-reduce is checked once against the expected sum. Medians over
    `--iters` timed steps after `--warmup` (async: over every worker's steps). One job per
    strategy and worker count times every model in turn.
-2. End to end: `model.fit` throughput (samples/s of synthetic data; the median epoch
-   after the first, the slowest worker's) of a small CNN and the MLP on `--fit_workers`
+2. End to end: `model.fit` throughput (samples/s of synthetic data; epochs after the
+   first at the median step time, the slowest worker's: see fit_throughput) of a small CNN and the MLP on `--fit_workers`
    workers with SMBStrategy sync and async, HorovodStrategy (under mpirun and under
    horovodrun --gloo) and MultiWorkerMirroredStrategy; and on one worker, SMBStrategy
    against no strategy at all (the two models trained in one process, epochs alternated,
@@ -200,13 +200,24 @@ def run_fit_worker(kind: str, models: Sequence[str], epochs: int, batch: int,
     import keras
 
     class EpochTimer(keras.callbacks.Callback):
+        """Each epoch's wall time and the time of each of its training steps."""
+
         def __init__(self) -> None:
             super().__init__()
+            self._supports_tf_logs = True  # no conversion of the logs per step
             self.times: List[float] = []
-            self._start = 0.0
+            self.steps: List[List[float]] = []
+            self._start = self._step_start = 0.0
 
         def on_epoch_begin(self, epoch, logs=None) -> None:
+            self.steps.append([])
             self._start = time.perf_counter()
+
+        def on_train_batch_begin(self, batch, logs=None) -> None:
+            self._step_start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None) -> None:
+            self.steps[-1].append(time.perf_counter() - self._step_start)
 
         def on_epoch_end(self, epoch, logs=None) -> None:
             self.times.append(time.perf_counter() - self._start)
@@ -231,7 +242,7 @@ def run_fit_worker(kind: str, models: Sequence[str], epochs: int, batch: int,
             print(RESULT_TAG + json.dumps({
                 "kind": name, "model": model, "rank": rank,
                 "samples_per_epoch": (samples[model] // batch) * batch,
-                "epoch_s": timer.times}), flush=True)
+                "epoch_s": timer.times, "step_s": timer.steps}), flush=True)
         del nets
         keras.backend.clear_session()
 
@@ -343,11 +354,23 @@ def run_comm(strategy: str, world: int, models: List[str], iters: int, warmup: i
 
 
 def fit_throughput(results: Sequence[dict]) -> Tuple[float, float, int]:
-    """(samples/s, median epoch s, epochs timed): each epoch the slowest rank's time."""
-    per_epoch = [max(ts) for ts in zip(*(r["epoch_s"] for r in results))]
-    timed = per_epoch[1:] or per_epoch  # the first epoch traces the step function
-    median = statistics.median(timed)
-    return results[0]["samples_per_epoch"] / median, median, len(timed)
+    """(samples/s, epoch s at the median step time, epochs timed), the slowest rank's.
+
+    The first epoch is not timed (it traces the step function). A rank's epoch takes
+    its steps per epoch times its median step time: a process on this shared machine
+    now and then stalls for seconds (seen for SMB and Horovod alike), and with a few
+    epochs those stalls, not the strategy, would decide a median epoch.
+    """
+    estimates, timed = [], []
+    for r in results:
+        # Async workers can train no step in a tiny epoch: count the epochs with steps.
+        epochs = [e for e in r["step_s"][1:] if e] or [e for e in r["step_s"] if e]
+        steps = [t for epoch in epochs for t in epoch]
+        per_epoch = statistics.median(len(epoch) for epoch in epochs)
+        estimates.append(per_epoch * statistics.median(steps))
+        timed.append(len(epochs))
+    epoch_s = max(estimates)
+    return results[0]["samples_per_epoch"] / epoch_s, epoch_s, min(timed)
 
 
 def run_fit(strategy: str, models: List[str], epochs: int, batch: int,
@@ -371,10 +394,11 @@ def run_fit(strategy: str, models: List[str], epochs: int, batch: int,
     for model in models:
         for name in series:
             rs = found.get((model, name), [])
-            if len(rs) == world and all(r["epoch_s"] for r in rs):
+            if len(rs) == world and all(r["step_s"] and any(r["step_s"]) for r in rs):
                 sps, epoch_s, timed = fit_throughput(rs)
                 cells[(model, name)] = Cell(sps, detail={"epoch_s": epoch_s, "epochs_timed": timed,
-                                                         "ranks": [r["epoch_s"] for r in rs]})
+                                                         "ranks": [r["epoch_s"] for r in rs],
+                                                         "step_s": [r["step_s"] for r in rs]})
             else:
                 cells[(model, name)] = Cell(None, failure_reason(reason or "no result line",
                                                                  outputs))
@@ -680,7 +704,9 @@ def run_driver(models: List[str], worlds: List[int], comm_strategies: List[str],
                 + bc.markdown(header, rows) + "\n\n"
                 f"Synthetic data, global batch {batch}, {epochs} epochs of "
                 + ", ".join(f"{m} {samples[m]}" for m in fit_models) + " samples; the "
-                "median epoch after the first, each epoch timed on the slowest worker. "
+                "epochs after the first, at the median step time (steps per epoch x median "
+                "step), the slowest worker's; the median step keeps a process's rare "
+                "multi-second stalls on this shared machine out of the result. "
                 "SGD with momentum 0.9, no metrics, jit_compile=False. SMB async: update="
                 "\"delta\", each worker trains every other global batch. Ratios: samples/s "
                 "over samples/s (above 1: SMB sync is faster).")

@@ -111,14 +111,19 @@ def test_ops_every_dtype_and_initial_broadcast():
     assert _max_diff(results[0]["weights"], results[1]["weights"]) == 0.0
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_sums_kept_in_the_box_are_exact_held_and_never_written(world):
-    results = [r.check().json() for r in run_ranks([KERAS, "shared_sums"], world, timeout=300)]
+@pytest.mark.parametrize("world,heap", [(2, None), (3, None), (2, 0)])
+def test_sums_kept_in_the_box_are_exact_held_and_never_written(world, heap):
+    env = None if heap is None else {"TF_SMB_HEAP_BYTES": str(heap)}
+    results = [r.check().json()
+               for r in run_ranks([KERAS, "shared_sums"], world, timeout=300, env=env)]
     for r in results:
         assert r["bad"] == [], f"rank {r['rank']}"
-        # The first 8 held sums stay in the box's result buffers; then every
-        # buffer is held and the sums are copied out instead.
-        assert r["in_box"] == [True] * 8 + [False] * 4, f"rank {r['rank']}"
+        if heap == 0:  # no room for result buffers: every sum is copied out
+            assert r["in_box"] == [False] * 12, f"rank {r['rank']}"
+        else:
+            # The first 8 held sums stay in the box's result buffers; then
+            # every buffer is held and the sums are copied out instead.
+            assert r["in_box"] == [True] * 8 + [False] * 4, f"rank {r['rank']}"
     assert results[0]["first_added"] == results[0]["total"] * 2
     for r in results[1:]:
         assert r["untouched"] is True, f"rank {r['rank']} saw rank 0's write"

@@ -58,8 +58,9 @@ def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = Non
         (default: $TF_SMB_TIMEOUT or 600 s).
       staging_bytes: staging buffer per worker, used when this process creates
         the box (default: $TF_SMB_STAGING_BYTES or 1 MiB).
-      heap_bytes: room for parameter segments (async mode), used when this
-        process creates the box (default: $TF_SMB_HEAP_BYTES or 4 GiB, sparse).
+      heap_bytes: room for all-reduce result buffers and parameter segments
+        (async mode), used when this process creates the box (default:
+        $TF_SMB_HEAP_BYTES or 4 GiB, sparse). Without room, sums are copied out.
     Returns:
       The job this process joined.
     """
@@ -97,7 +98,13 @@ def size() -> int:
 
 
 def allreduce(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-    """Sums each tensor over all workers, fused into one collective."""
+    """Sums each tensor over all workers, fused into one collective.
+
+    Large sums (256 KiB or more in all) stay in the box: the returned tensors
+    point at memory every worker reads, which TensorFlow treats as read-only
+    (ops write their results elsewhere). Do not write into them through
+    other frameworks (e.g. DLPack).
+    """
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []

@@ -36,8 +36,9 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--staging-bytes", type=int, default=1 << 20,
                         help="staging area of the box in bytes (default 1 MiB)")
     parser.add_argument("--heap-bytes", type=int, default=4 << 30,
-                        help="room for parameter segments (async mode) in bytes "
-                             "(default 4 GiB; sparse, only what is used costs memory)")
+                        help="room for all-reduce result buffers and parameter "
+                             "segments (async mode) in bytes (default 4 GiB; "
+                             "sparse, only what is used costs memory)")
     parser.add_argument("--keep-going", action="store_true",
                         help="when a worker fails, let the others finish (for "
                              "SMBStrategy(mode='async')); exit non-zero at the end")
