@@ -179,7 +179,9 @@ def time_collective(kind: str, label: str, shapes: Sequence[Tuple[int, ...]], it
         barrier()
         start = time.perf_counter()
         outputs = reduce_fn(inputs)
-        outputs[-1].numpy().flat[:1]  # forces the result; numpy() of a CPU tensor is no copy
+        # Forces the result by fetching one element: numpy() of the whole tensor
+        # would copy a sum that stays in SMB's box (a tensor TF does not own).
+        tf.reshape(outputs[-1], [-1])[:1].numpy()
         elapsed = time.perf_counter() - start
         del outputs
         if it >= warmup:
@@ -324,8 +326,20 @@ def run_box_job(argv: List[str], world: int, heap_bytes: int, timeout: float,
 
 
 def parse_tagged(output: str, tag: str) -> List[dict]:
-    """Every JSON object printed after `tag` (launchers may prefix the lines)."""
-    return [json.loads(m) for m in re.findall(re.escape(tag) + r"(\{.*\})", output)]
+    """Every JSON object printed after `tag` (launchers may prefix the lines).
+
+    mpirun can put two ranks' lines on one line; each object is decoded from its
+    own tag on, and one cut by another rank's output is left out.
+    """
+    decoder, found = json.JSONDecoder(), []
+    for match in re.finditer(re.escape(tag), output):
+        try:
+            value, _ = decoder.raw_decode(output, match.end())
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+    return found
 
 
 def error_tail(outputs: Sequence[str], lines: int = 12) -> str:

@@ -242,7 +242,7 @@ def run_fit_worker(kind: str, models: Sequence[str], epochs: int, batch: int,
             print(RESULT_TAG + json.dumps({
                 "kind": name, "model": model, "rank": rank,
                 "samples_per_epoch": (samples[model] // batch) * batch,
-                "epoch_s": timer.times, "step_s": timer.steps}), flush=True)
+                "epoch_s": timer.times, **step_summary(timer.steps)}), flush=True)
         del nets
         keras.backend.clear_session()
 
@@ -353,22 +353,29 @@ def run_comm(strategy: str, world: int, models: List[str], iters: int, warmup: i
     return cells
 
 
+def step_summary(steps: Sequence[Sequence[float]]) -> dict:
+    """A rank's steps in brief (result lines stay short: mpirun may interleave long
+    ones): steps per epoch, and the median step time over the epochs after the
+    first (it traces the step function) that trained any step, else over all."""
+    timed = [t for epoch in steps[1:] for t in epoch] or [t for epoch in steps for t in epoch]
+    return {"steps_per_epoch": [len(epoch) for epoch in steps],
+            "median_step_s": statistics.median(timed) if timed else None}
+
+
 def fit_throughput(results: Sequence[dict]) -> Tuple[float, float, int]:
     """(samples/s, epoch s at the median step time, epochs timed), the slowest rank's.
 
-    The first epoch is not timed (it traces the step function). A rank's epoch takes
-    its steps per epoch times its median step time: a process on this shared machine
-    now and then stalls for seconds (seen for SMB and Horovod alike), and with a few
-    epochs those stalls, not the strategy, would decide a median epoch.
+    A rank's epoch takes its steps per epoch (the median over the epochs after the
+    first that trained any step) times its median step time: a process on this shared
+    machine now and then stalls for seconds (seen for SMB and Horovod alike), and with
+    a few epochs those stalls, not the strategy, would decide a median epoch.
     """
     estimates, timed = [], []
     for r in results:
-        # Async workers can train no step in a tiny epoch: count the epochs with steps.
-        epochs = [e for e in r["step_s"][1:] if e] or [e for e in r["step_s"] if e]
-        steps = [t for epoch in epochs for t in epoch]
-        per_epoch = statistics.median(len(epoch) for epoch in epochs)
-        estimates.append(per_epoch * statistics.median(steps))
-        timed.append(len(epochs))
+        counts = [n for n in r["steps_per_epoch"][1:] if n] or \
+            [n for n in r["steps_per_epoch"] if n]
+        estimates.append(statistics.median(counts) * r["median_step_s"])
+        timed.append(len(counts))
     epoch_s = max(estimates)
     return results[0]["samples_per_epoch"] / epoch_s, epoch_s, min(timed)
 
@@ -394,11 +401,12 @@ def run_fit(strategy: str, models: List[str], epochs: int, batch: int,
     for model in models:
         for name in series:
             rs = found.get((model, name), [])
-            if len(rs) == world and all(r["step_s"] and any(r["step_s"]) for r in rs):
+            if len(rs) == world and all(r.get("median_step_s") for r in rs):
                 sps, epoch_s, timed = fit_throughput(rs)
                 cells[(model, name)] = Cell(sps, detail={"epoch_s": epoch_s, "epochs_timed": timed,
                                                          "ranks": [r["epoch_s"] for r in rs],
-                                                         "step_s": [r["step_s"] for r in rs]})
+                                                         "median_step_s": [r["median_step_s"]
+                                                                           for r in rs]})
             else:
                 cells[(model, name)] = Cell(None, failure_reason(reason or "no result line",
                                                                  outputs))

@@ -188,8 +188,10 @@ def run_worker(model: str, modes: Sequence[str], iters: int, warmup: int) -> Non
 def bench_comm(model: str, world: int, modes: List[str], iters: int, warmup: int,
                nbytes: int, failures: List[Failure]) -> Dict[str, List[dict]]:
     """One job of `world` workers times every step kind; each kind's per-rank results."""
-    # Segments (and, with momentum, their velocities) at 64-byte offsets, plus room.
-    copies = 2 if "sgd" in modes and FLAGS.sgd_momentum else 1
+    # Segments (and, with momentum, their velocities) at 64-byte offsets, the sync
+    # all-reduce's result buffers (its sums stay in the box; the check's sums may
+    # still be held when the timed steps start), plus room.
+    copies = (2 if "sgd" in modes and FLAGS.sgd_momentum else 1) + 2 * ("sync" in modes)
     heap = max(DEFAULT_HEAP_BYTES, copies * nbytes + (64 << 20))
     argv = [sys.executable, str(SCRIPT), "--role=worker", f"--models={model}",
             f"--comm_modes={','.join(modes)}", f"--iters={iters}", f"--warmup={warmup}",
