@@ -33,8 +33,8 @@ constexpr int kMaxSegments = 4096;
 constexpr int kMaxRank = 8;            // dimensions of a segment's shape
 constexpr size_t kDescBytes = 2048;    // one collective's description per rank
 constexpr size_t kSegmentNameBytes = 128;
-constexpr int kMaxResults = 8;
-constexpr size_t kDefaultStagingBytes = size_t{1} << 20;        // all-reduce result buffers in the heap
+constexpr int kMaxResults = 8;        // all-reduce result buffers in the heap
+constexpr size_t kDefaultStagingBytes = size_t{1} << 20;  // see Options
 
 // One rank's control slot. Cache-line aligned so ranks do not false-share.
 struct alignas(64) RankSlot {

@@ -387,20 +387,23 @@ ResultHold::~ResultHold() {
 
 namespace {
 
-Status CopyThrough(const std::vector<TensorRef>& tensors) {
+// One rank: every sum is the input itself.
+void CopyThrough(const std::vector<TensorRef>& tensors) {
   for (const TensorRef& t : tensors) {
     if (t.in != t.out) {
       std::memcpy(t.out, t.in, NumElements(t.shape) * DTypeSize(t.dtype));
     }
   }
-  return Status::Ok();
 }
 
 }  // namespace
 
 Status Communicator::AllReduceSum(const std::vector<TensorRef>& tensors) {
   SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
-  if (world_ == 1) return CopyThrough(tensors);
+  if (world_ == 1) {
+    CopyThrough(tensors);
+    return Status::Ok();
+  }
   SMB_RETURN_IF_ERROR(Agree("allreduce", Describe("allreduce", tensors)));
   return ReduceChunks(tensors, /*shared_out=*/false);
 }
@@ -414,7 +417,8 @@ Status Communicator::AllReduceSumShared(std::vector<TensorRef> tensors,
   SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
   if (world_ == 1) {
     SMB_RETURN_IF_ERROR(bind_outputs(&tensors));
-    return CopyThrough(tensors);
+    CopyThrough(tensors);
+    return Status::Ok();
   }
   // Where each sum goes in a result buffer: 64-byte aligned, as TensorFlow
   // wants tensor data.
@@ -505,7 +509,7 @@ Status Communicator::ReduceChunks(const std::vector<TensorRef>& tensors,
     for (size_t offset = 0; offset < total; offset += chunk) {
       const size_t len = std::min(chunk, total - offset);
       const int buffer = static_cast<int>(chunks_++ & 1);
-      // Rank q sums bytes [lo(q), hi(q)) of the chunk for everyone.
+      // Rank q sums bytes [lo(q), lo(q + 1)) of the chunk for everyone.
       const size_t n = len / elem;
       auto lo = [&](int q) { return n * q / world_ * elem; };
       const size_t my_lo = lo(rank_), my_hi = lo(rank_ + 1);
