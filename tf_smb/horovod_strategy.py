@@ -51,6 +51,9 @@ class HorovodCollectives:
             out.append(tf.cast(got, tf.bool) if as_int else got)
         return out
 
+    def barrier(self) -> None:
+        self._hvd.allreduce(tf.constant(0, tf.int32), op=self._hvd.Sum)
+
 
 class HorovodStrategy(DataParallelStrategy):
     """Synchronous data parallelism with Horovod's collectives (the reference).

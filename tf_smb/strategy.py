@@ -22,9 +22,7 @@ How it plugs into TensorFlow and Keras 3 (see DESIGN.md section 3):
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import threading
 from typing import Any, Dict, List, Optional, Sequence
 
 import tensorflow as tf
@@ -38,6 +36,7 @@ from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import control_flow_util
 
 from tf_smb import env as env_lib
+from tf_smb import keras_support
 from tf_smb import ops as smb_ops
 
 _SUPPORTED_DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64)
@@ -62,6 +61,9 @@ class SMBCollectives:
     def broadcast(self, tensors: List[tf.Tensor], root: int) -> List[tf.Tensor]:
         return smb_ops.broadcast(tensors, root=root)
 
+    def barrier(self) -> None:
+        smb_ops.barrier()
+
 
 @dataclasses.dataclass(frozen=True)
 class AsyncConfig:
@@ -78,23 +80,6 @@ class _BoxParam:
     name: str
     dtype: tf.DType
     shape: tuple
-
-
-# Keras phases: model.evaluate / predict run without training steps.
-_phase = threading.local()
-
-
-def _in_eval_phase() -> bool:
-    return getattr(_phase, "eval_depth", 0) > 0
-
-
-@contextlib.contextmanager
-def _eval_phase():
-    _phase.eval_depth = getattr(_phase, "eval_depth", 0) + 1
-    try:
-        yield
-    finally:
-        _phase.eval_depth -= 1
 
 
 class SMBExtended(one_device_strategy.OneDeviceExtended):
@@ -221,7 +206,7 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
         if self._async is not None:
             # Training: each worker takes every size-th batch. Evaluation and
             # prediction: every worker sees all data (no collectives needed).
-            if not _in_eval_phase():
+            if not keras_support.in_eval_phase():
                 dataset = dataset.shard(self._job.size, self._job.rank)
             return super()._experimental_distribute_dataset(dataset, options)
         if self._job.size == 1:
@@ -271,7 +256,7 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
         """Waits within the staleness bound (training only), reads the box's
         current parameters into the local variables, then runs the step."""
         deps = []
-        if not _in_eval_phase():
+        if not keras_support.in_eval_phase():
             # After the input arrived: the end of an epoch is not a step.
             inputs = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
             with tf.control_dependencies(inputs):
@@ -396,7 +381,7 @@ class DataParallelStrategy(collective_all_reduce_strategy.CollectiveAllReduceStr
     def _setup(self, job: env_lib.JobInfo, extended: SMBExtended) -> None:
         self._job = job
         if job.size > 1:
-            _keras_saves_on_rank0_only(job.rank)
+            keras_support.saves_on_rank0_only(job.rank)
         # Skip CollectiveAllReduceStrategy.__init__: none of its machinery is used.
         distribute_lib.Strategy.__init__(self, extended)  # pylint: disable=non-parent-init-called
         distribute_lib.distribution_strategy_gauge.get_cell("V2").set(type(self).__name__)
@@ -429,6 +414,11 @@ class DataParallelStrategy(collective_all_reduce_strategy.CollectiveAllReduceStr
                 for v in tf.nest.flatten(value)):
             axis = None
         return super().reduce(reduce_op, value, axis)
+
+    def barrier(self) -> None:
+        """Returns once every worker has reached it (call it eagerly, on every worker)."""
+        if self._job.size > 1:
+            self.extended._collectives.barrier()  # pylint: disable=protected-access
 
     @property
     def cluster_resolver(self):
@@ -520,7 +510,7 @@ class SMBStrategy(DataParallelStrategy):
             async_config = AsyncConfig(staleness=staleness, update=update,
                                        momentum=momentum,
                                        consistent=consistency == "consistent")
-            _install_keras_async_hooks()
+            keras_support.install_async_hooks()
         self._setup(job, SMBExtended(self, job, async_config=async_config))
 
     @property
@@ -538,74 +528,3 @@ class SMBStrategy(DataParallelStrategy):
         smb_ops.clock_finish(True)
         smb_ops.wait_all_finished()
         ext.refresh_from_box()
-
-_KERAS_HOOKED = False
-
-
-def _install_keras_async_hooks() -> None:
-    """Marks Keras' evaluation phases and finishes asynchronous training.
-
-    `fit` starts this worker's clock and, on return, waits for the others and
-    loads the box's final values; `evaluate` and `predict` (also when `fit`
-    validates) run without training steps and on all the data.
-    """
-    global _KERAS_HOOKED
-    if _KERAS_HOOKED:
-        return
-    _KERAS_HOOKED = True
-    import functools  # pylint: disable=import-outside-toplevel
-
-    import keras  # pylint: disable=import-outside-toplevel
-
-    def async_strategy(model) -> Optional[SMBStrategy]:
-        strategy = getattr(model, "_distribute_strategy", None)
-        if isinstance(strategy, SMBStrategy) and strategy.extended._async is not None:  # pylint: disable=protected-access
-            return strategy
-        return None
-
-    fit, evaluate, predict = keras.Model.fit, keras.Model.evaluate, keras.Model.predict
-
-    @functools.wraps(fit)
-    def fit_hook(self, *args, **kwargs):
-        strategy = async_strategy(self)
-        if strategy is None:
-            return fit(self, *args, **kwargs)
-        smb_ops.clock_finish(False)
-        try:
-            history = fit(self, *args, **kwargs)
-        finally:
-            smb_ops.clock_finish(True)  # never hold the others back, even on error
-        strategy.finish_training()
-        return history
-
-    def eval_hook(method):
-        @functools.wraps(method)
-        def hook(self, *args, **kwargs):
-            if async_strategy(self) is None:
-                return method(self, *args, **kwargs)
-            with _eval_phase():
-                return method(self, *args, **kwargs)
-        return hook
-
-    keras.Model.fit = fit_hook
-    keras.Model.evaluate = eval_hook(evaluate)
-    keras.Model.predict = eval_hook(predict)
-
-
-def _keras_saves_on_rank0_only(rank: int) -> None:
-    """Keeps workers other than rank 0 from writing model files.
-
-    Every worker holds the same weights; if all wrote `model.save(path)` or a
-    ModelCheckpoint file at once, the file could be torn. Ranks > 0 skip the
-    write and return as if saved.
-    """
-    if rank == 0:
-        return
-    import keras  # pylint: disable=import-outside-toplevel
-
-    def skip(*args, **kwargs):
-        del args, kwargs
-
-    keras.Model.save = skip
-    keras.Model.save_weights = skip
-    keras.callbacks.ModelCheckpoint._save_model = skip  # pylint: disable=protected-access
