@@ -77,7 +77,13 @@ def test_disagreeing_ranks_get_invalid_argument_naming_both():
         res = r.check().json()
         assert "rank 0" in res["shape_error"] and "float32[3]" in res["shape_error"]
         assert "rank 1" in res["shape_error"] and "float32[4]" in res["shape_error"]
-        assert "float32[4]" in res["dtype_error"] and "float64[4]" in res["dtype_error"]
+        # After a failed collective the job stops: later calls fail at once
+        # with the original error instead of pairing collectives wrongly.
+        assert res["later_error"] and "float32[3]" in res["later_error"], res
+        assert res["later_seconds"] < 5, res
+    for r in run_ranks([KERAS, "mismatch_dtype"], 2, timeout=300):
+        err = r.check().json()["dtype_error"]
+        assert err and "float32[4]" in err and "float64[4]" in err, f"rank {r.rank}: {err}"
 
 
 def test_killed_worker_fails_the_others_naming_it():

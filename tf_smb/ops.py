@@ -1,13 +1,19 @@
 """The SMB TensorFlow ops: loading the library and thin Python wrappers.
 
-Every collective is called by all workers in the same order with tensors of
-the same dtypes and shapes; a disagreement raises InvalidArgumentError on every
-worker. Works eagerly and inside tf.function.
+Every worker calls the same collectives with tensors of the same dtypes and
+shapes; a disagreement raises InvalidArgumentError on every worker. Works
+eagerly, inside tf.function and in TF1-style graphs. Inside a graph the
+workers match collectives by call site (graph, op, loop iteration), so
+collectives that TensorFlow may run in any order (no data dependency between
+them) still pair up correctly; eagerly, they pair in program order. After a
+failed collective every later one fails at once with the same error.
 """
 from __future__ import annotations
 
 import glob
 import os
+import re
+import weakref
 from typing import List, Optional, Sequence
 
 import tensorflow as tf
@@ -72,12 +78,23 @@ def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = Non
         staging_bytes = int(_float_env("TF_SMB_STAGING_BYTES", DEFAULT_STAGING_BYTES))
     if heap_bytes is None:
         heap_bytes = int(_float_env("TF_SMB_HEAP_BYTES", DEFAULT_HEAP_BYTES))
-    with tf.init_scope():
-        _library().smb_init(
+    def join():
+        return _library().smb_init(
             job_id=job.job_id, rank=job.rank, world=job.size,
             timeout_seconds=float(timeout_s),
             create=(job.rank == 0 and not job.box_created and job.size > 1),
             staging_bytes=int(staging_bytes), heap_bytes=int(heap_bytes))
+
+    with tf.init_scope():
+        if tf.executing_eagerly():
+            join()
+        else:
+            # TF1-style graph mode: an op added to the user's graph would only
+            # run in a session; join now, in a session of our own.
+            with tf.Graph().as_default() as graph:
+                op = join()
+            with tf.compat.v1.Session(graph=graph) as session:
+                session.run(op)
     _JOB = job
     return job
 
@@ -97,8 +114,38 @@ def size() -> int:
     return job().size
 
 
+# Collectives created so far in each graph: part of their call-site keys.
+_SITES_PER_GRAPH: "weakref.WeakKeyDictionary[tf.Graph, int]" = weakref.WeakKeyDictionary()
+
+
+def _call_site(kind: str) -> str:
+    """The key the workers match this collective by ("" when eager).
+
+    In a graph: the enclosing graphs' names (numeric suffixes dropped, since
+    TensorFlow draws them from a per-process counter) and the collective's
+    index among those created in its graph. Every worker traces the same code,
+    so the key is the same on every worker; the kernel adds the node's name
+    and its loop iteration (cc/kernels/smb_kernels.cc).
+    """
+    if tf.executing_eagerly():
+        return ""
+    graph = tf.compat.v1.get_default_graph()
+    index = _SITES_PER_GRAPH.get(graph, 0)
+    _SITES_PER_GRAPH[graph] = index + 1
+    names = []
+    g = graph
+    while g is not None:
+        names.append(re.sub(r"_\d+$", "", getattr(g, "name", None) or "graph"))
+        g = getattr(g, "outer_graph", None)
+    return "/".join(reversed(names)) + f"/{kind}{index}"
+
+
 def allreduce(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     """Sums each tensor over all workers, fused into one collective.
+
+    Dtypes: float32, float64, float16, bfloat16, int8, uint8, int16, uint16,
+    int32, int64. Differentiable: the gradient of a sum over workers is the
+    sum of the upstream gradients over workers.
 
     Large sums (256 KiB or more in all) stay in the box: the returned tensors
     point at memory every worker reads, which TensorFlow treats as read-only
@@ -108,23 +155,45 @@ def allreduce(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
-    return list(_library().smb_all_reduce(tensors))
+    return list(_library().smb_all_reduce(tensors, key=_call_site("allreduce")))
 
 
 def broadcast(tensors: Sequence[tf.Tensor], root: int = 0) -> List[tf.Tensor]:
-    """Every worker gets worker `root`'s tensors (bool is carried as int32)."""
+    """Every worker gets worker `root`'s tensors (bool is carried as int32).
+
+    Differentiable as in Horovod: on `root` the gradient is the sum of the
+    upstream gradients over workers, elsewhere zero.
+    """
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
     as_int = [t.dtype == tf.bool for t in tensors]
     sent = [tf.cast(t, tf.int32) if b else t for t, b in zip(tensors, as_int)]
-    got = _library().smb_broadcast(sent, root=root)
+    got = _library().smb_broadcast(sent, root=root, key=_call_site("broadcast"))
     return [tf.cast(g, tf.bool) if b else g for g, b in zip(got, as_int)]
 
 
 def barrier() -> None:
     """Returns once every worker has reached it."""
-    _library().smb_barrier()
+    _library().smb_barrier(key=_call_site("barrier"))
+
+
+def _nonzero_grads(op, grads) -> List[tf.Tensor]:
+    return [tf.zeros_like(x) if g is None else tf.convert_to_tensor(g)
+            for x, g in zip(op.inputs, grads)]
+
+
+@tf.RegisterGradient("SmbAllReduce")
+def _allreduce_grad(op, *grads):
+    return allreduce(_nonzero_grads(op, grads))
+
+
+@tf.RegisterGradient("SmbBroadcast")
+def _broadcast_grad(op, *grads):
+    summed = allreduce(_nonzero_grads(op, grads))
+    if rank() == op.get_attr("root"):
+        return summed
+    return [tf.zeros_like(g) for g in summed]
 
 
 # ---- Asynchronous mode: parameters living in the box ------------------------

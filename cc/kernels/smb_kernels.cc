@@ -1,11 +1,9 @@
-// AsyncOpKernels for the SMB ops. Each kernel hands its work to one
-// background thread per process that owns the Communicator, and calls done()
-// when the collective finishes, so TensorFlow's inter-op threads never block.
-// The single thread also runs collectives in the order they were enqueued,
-// which the strategy keeps equal on every rank (stateful ops run in program
-// order inside tf.function).
-#include <condition_variable>
-#include <deque>
+// AsyncOpKernels for the SMB ops. Collective kernels submit their work to the
+// process's CollectiveScheduler, whose one thread runs collectives in the
+// order all ranks agree on (matched by key, whatever order TensorFlow runs
+// independent ops in), and call done() when it finishes, so TensorFlow's
+// inter-op threads never block.
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -15,6 +13,7 @@
 #include <vector>
 
 #include "cc/smb/communicator.h"
+#include "cc/smb/scheduler.h"
 #include "cc/smb/store.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -40,6 +39,26 @@ absl::Status ToTfStatus(const smb::Status& s) {
   return absl::UnknownError(s.message());
 }
 
+smb::Status FromTfStatus(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk: return smb::Status::Ok();
+    case absl::StatusCode::kInvalidArgument:
+      return smb::Status(smb::Code::kInvalidArgument, std::string(s.message()));
+    case absl::StatusCode::kDeadlineExceeded:
+      return smb::Status(smb::Code::kDeadlineExceeded, std::string(s.message()));
+    case absl::StatusCode::kAborted:
+      return smb::Status(smb::Code::kAborted, std::string(s.message()));
+    case absl::StatusCode::kAlreadyExists:
+      return smb::Status(smb::Code::kAlreadyExists, std::string(s.message()));
+    case absl::StatusCode::kNotFound:
+      return smb::Status(smb::Code::kNotFound, std::string(s.message()));
+    case absl::StatusCode::kResourceExhausted:
+      return smb::Status(smb::Code::kResourceExhausted, std::string(s.message()));
+    default:
+      return smb::Status(smb::Code::kInternal, std::string(s.message()));
+  }
+}
+
 bool ToSmbDType(DataType dt, smb::DType* out) {
   switch (dt) {
     case DT_FLOAT: *out = smb::DType::kFloat32; return true;
@@ -48,12 +67,16 @@ bool ToSmbDType(DataType dt, smb::DType* out) {
     case DT_BFLOAT16: *out = smb::DType::kBFloat16; return true;
     case DT_INT32: *out = smb::DType::kInt32; return true;
     case DT_INT64: *out = smb::DType::kInt64; return true;
+    case DT_INT8: *out = smb::DType::kInt8; return true;
+    case DT_UINT8: *out = smb::DType::kUInt8; return true;
+    case DT_INT16: *out = smb::DType::kInt16; return true;
+    case DT_UINT16: *out = smb::DType::kUInt16; return true;
     default: return false;
   }
 }
 
-// The process's membership in a job: the Communicator and the thread that
-// drives it.
+// The process's membership in a job: the Communicator and the scheduler
+// whose thread runs its collectives in the order the ranks agree on.
 class SmbContext {
  public:
   static SmbContext& Get() {
@@ -81,20 +104,27 @@ class SmbContext {
     if (!s.ok()) return s;
     comm_ = std::move(comm);
     job_id_ = options.job_id;
-    worker_ = std::thread([this] { Loop(); });
+    scheduler_ = smb::CollectiveScheduler::Start(comm_);
     return absl::OkStatus();
   }
 
-  // Runs `work` on the background thread with the Communicator.
-  absl::Status Enqueue(std::function<void(smb::Communicator*)> work) {
+  // Runs the collective `run` once every rank submitted `key` and it is its
+  // turn, then `done` (on the scheduler's thread).
+  absl::Status Submit(const std::string& key, const std::string& what,
+                      smb::CollectiveScheduler::Run run,
+                      smb::CollectiveScheduler::Done done) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (comm_ == nullptr) {
-      return absl::FailedPreconditionError(
-          "SMB ops need the process to join a job first: create "
-          "tf_smb.SMBStrategy() (or call tf_smb.init()) before running them");
-    }
-    queue_.push_back(std::move(work));
-    cv_.notify_one();
+    if (scheduler_ == nullptr) return NotJoined();
+    scheduler_->Submit(key, what, std::move(run), std::move(done));
+    return absl::OkStatus();
+  }
+
+  // The Communicator, shared: a thread that waits on it keeps it alive even
+  // when the process exits meanwhile.
+  absl::Status Shared(std::shared_ptr<smb::Communicator>* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (comm_ == nullptr) return NotJoined();
+    *out = comm_;
     return absl::OkStatus();
   }
 
@@ -135,55 +165,69 @@ class SmbContext {
     return absl::OkStatus();
   }
 
-  smb::Communicator* comm() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return comm_.get();
-  }
-
-  ~SmbContext() {
-    std::unique_lock<std::mutex> lock(mu_);
-    stop_ = true;
-    cv_.notify_one();
-    if (!worker_.joinable()) return;
-    if (busy_ || !queue_.empty()) {
-      // Exiting mid-collective: never block exit on peers. Leave the
-      // Communicator mapped (the OS reclaims it) and the thread detached.
-      worker_.detach();
-      comm_.release();  // NOLINT: intentionally leaked at process exit
-      return;
-    }
-    lock.unlock();
-    worker_.join();
-  }
-
  private:
   SmbContext() = default;
 
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ and drained
-      auto work = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      work(comm_.get());
-      lock.lock();
-      busy_ = false;
-    }
+  static absl::Status NotJoined() {
+    return absl::FailedPreconditionError(
+        "SMB ops need the process to join a job first: create "
+        "tf_smb.SMBStrategy() (or call tf_smb.init()) before running them");
   }
 
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void(smb::Communicator*)>> queue_;
-  std::unique_ptr<smb::Communicator> comm_;
+  std::shared_ptr<smb::Communicator> comm_;
+  std::unique_ptr<smb::CollectiveScheduler> scheduler_;
   std::string job_id_;
   std::unordered_map<std::string, smb::Segment> segments_;
-  std::thread worker_;
-  bool busy_ = false;
-  bool stop_ = false;
 };
+
+// Runs `wait` (a blocking wait on the other ranks that is not a collective)
+// on a thread of its own, so it neither blocks TensorFlow's threads nor holds
+// back the collectives; the thread shares the Communicator, so it stays
+// valid even if the process exits meanwhile.
+template <typename Wait>
+void RunBlocking(OpKernelContext* c, AsyncOpKernel::DoneCallback done, Wait wait) {
+  std::shared_ptr<smb::Communicator> comm;
+  OP_REQUIRES_OK_ASYNC(c, SmbContext::Get().Shared(&comm), done);
+  std::thread([c, comm, wait, done] {
+    c->SetStatus(ToTfStatus(wait(comm.get())));
+    done();
+  }).detach();
+}
+
+// What the scheduler matches a collective by. Ops made in a graph carry the
+// key of their call site (graph path and op, from the Python wrapper); the
+// node's name and its loop frame and iteration tell apart the copies a
+// function call or a while loop makes of it. Eager ops run one at a time in
+// program order, so their order alone matches them.
+std::string CollectiveKey(OpKernelContext* c, const std::string& site) {
+  // Test hook: pair collectives by arrival, as tf_smb did before keys, so a
+  // test can show that its checks catch the mix-ups keys prevent.
+  static const bool by_arrival = std::getenv("TF_SMB_TEST_MATCH_BY_ARRIVAL") != nullptr;
+  if (site.empty() || by_arrival) return "eager";
+  const FrameAndIter where = c->frame_iter();
+  return site + "|" + c->op_kernel().name() + "|" + std::to_string(where.frame_id) +
+         ":" + std::to_string(where.iter_id);
+}
+
+// Submits a collective whose run sets the op's status; calls done() after.
+void SubmitCollective(OpKernelContext* c, AsyncOpKernel::DoneCallback done,
+                      const std::string& site, const std::string& what,
+                      std::function<absl::Status(smb::Communicator*)> run) {
+  OP_REQUIRES_OK_ASYNC(
+      c,
+      SmbContext::Get().Submit(
+          CollectiveKey(c, site), what,
+          [c, run](smb::Communicator* comm) {
+            absl::Status s = run(comm);
+            return s.ok() ? smb::Status::Ok() : FromTfStatus(s);
+          },
+          [c, done](const smb::Status& s) {
+            c->SetStatus(ToTfStatus(s));
+            done();
+          }),
+      done);
+}
 
 class SmbInitOp : public OpKernel {
  public:
@@ -224,7 +268,8 @@ absl::Status DescribeInputs(OpKernelContext* c, std::vector<smb::TensorRef>* ref
     if (!ToSmbDType(in.dtype(), &dtype)) {
       return absl::InvalidArgumentError(
           "unsupported dtype " + DataTypeString(in.dtype()) +
-          "; expected float32, float64, float16, bfloat16, int32 or int64");
+          "; expected float32, float64, float16, bfloat16, int8, uint8, int16, "
+          "uint16, int32 or int64");
     }
     const auto dims = in.shape().dim_sizes();
     std::vector<int64_t> shape(dims.begin(), dims.end());
@@ -269,77 +314,76 @@ class BoxSumBuffer : public TensorBuffer {
 
 class SmbAllReduceOp : public AsyncOpKernel {
  public:
-  explicit SmbAllReduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+  explicit SmbAllReduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("key", &site_));
+  }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     auto refs = std::make_shared<std::vector<smb::TensorRef>>();
     OP_REQUIRES_OK_ASYNC(c, DescribeInputs(c, refs.get()), done);
-    OP_REQUIRES_OK_ASYNC(
-        c, SmbContext::Get().Enqueue([c, refs, done](smb::Communicator* comm) {
-          std::vector<void*> sums;
-          std::shared_ptr<smb::ResultHold> hold;
-          auto bind = [c](std::vector<smb::TensorRef>* r) {
-            absl::Status s = BindOutputs(c, r);
-            return s.ok() ? smb::Status::Ok()
-                          : smb::Status(smb::Code::kResourceExhausted,
-                                        std::string(s.message()));
-          };
-          c->SetStatus(ToTfStatus(comm->AllReduceSumShared(*refs, bind, &sums, &hold)));
-          if (c->status().ok() && hold != nullptr) {
-            // The sums are in the box already: outputs point at them.
-            for (size_t i = 0; i < sums.size(); ++i) {
-              const int index = static_cast<int>(i);
-              const Tensor& in = c->input(index);
-              if (in.NumElements() == 0) {
-                Tensor* empty = nullptr;
-                c->SetStatus(c->allocate_output(index, in.shape(), &empty));
-                if (!c->status().ok()) break;
-                continue;
-              }
-              // TensorBuffers are reference counted by TensorFlow: Tensor owns it.
-              core::RefCountPtr<TensorBuffer> buffer(
-                  new BoxSumBuffer(hold, sums[i], in.TotalBytes()));
-              c->set_output(index, Tensor(in.dtype(), in.shape(), std::move(buffer)));
-            }
-          }
-          done();
-        }),
-        done);
+    SubmitCollective(c, done, site_, "allreduce", [c, refs](smb::Communicator* comm) {
+      std::vector<void*> sums;
+      std::shared_ptr<smb::ResultHold> hold;
+      auto bind = [c](std::vector<smb::TensorRef>* r) {
+        return FromTfStatus(BindOutputs(c, r));
+      };
+      TF_RETURN_IF_ERROR(ToTfStatus(comm->AllReduceSumShared(*refs, bind, &sums, &hold)));
+      if (hold == nullptr) return absl::OkStatus();
+      // The sums are in the box already: outputs point at them.
+      for (size_t i = 0; i < sums.size(); ++i) {
+        const int index = static_cast<int>(i);
+        const Tensor& in = c->input(index);
+        if (in.NumElements() == 0) {
+          Tensor* empty = nullptr;
+          TF_RETURN_IF_ERROR(c->allocate_output(index, in.shape(), &empty));
+          continue;
+        }
+        // TensorBuffers are reference counted by TensorFlow: Tensor owns it.
+        core::RefCountPtr<TensorBuffer> buffer(
+            new BoxSumBuffer(hold, sums[i], in.TotalBytes()));
+        c->set_output(index, Tensor(in.dtype(), in.shape(), std::move(buffer)));
+      }
+      return absl::OkStatus();
+    });
   }
+
+ private:
+  std::string site_;
 };
 
 class SmbBroadcastOp : public AsyncOpKernel {
  public:
   explicit SmbBroadcastOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("root", &root_));
+    OP_REQUIRES_OK(c, c->GetAttr("key", &site_));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     auto refs = std::make_shared<std::vector<smb::TensorRef>>();
     OP_REQUIRES_OK_ASYNC(c, DescribeInputs(c, refs.get()), done);
     OP_REQUIRES_OK_ASYNC(c, BindOutputs(c, refs.get()), done);
     const int root = root_;
-    OP_REQUIRES_OK_ASYNC(
-        c, SmbContext::Get().Enqueue([c, refs, root, done](smb::Communicator* comm) {
-          c->SetStatus(ToTfStatus(comm->Broadcast(root, *refs)));
-          done();
-        }),
-        done);
+    SubmitCollective(c, done, site_, "broadcast", [refs, root](smb::Communicator* comm) {
+      return ToTfStatus(comm->Broadcast(root, *refs));
+    });
   }
 
  private:
   int root_;
+  std::string site_;
 };
 
 class SmbBarrierOp : public AsyncOpKernel {
  public:
-  explicit SmbBarrierOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
-  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
-    OP_REQUIRES_OK_ASYNC(
-        c, SmbContext::Get().Enqueue([c, done](smb::Communicator* comm) {
-          c->SetStatus(ToTfStatus(comm->Barrier()));
-          done();
-        }),
-        done);
+  explicit SmbBarrierOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("key", &site_));
   }
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    SubmitCollective(c, done, site_, "barrier", [](smb::Communicator* comm) {
+      return ToTfStatus(comm->Barrier());
+    });
+  }
+
+ private:
+  std::string site_;
 };
 
 // ---- Asynchronous mode ------------------------------------------------------
@@ -473,16 +517,12 @@ class SmbClockTickOp : public AsyncOpKernel {
     const int64_t staleness = staleness_;
     // Not on the collective thread: a staleness wait must not hold back
     // another op's collective, and it touches only atomics in the box.
-    smb::Communicator* comm = SmbContext::Get().comm();
-    OP_REQUIRES_ASYNC(c, comm != nullptr,
-                      absl::FailedPreconditionError("join a job first (tf_smb.init())"),
-                      done);
-    std::thread([c, gap, comm, staleness, done] {
+    RunBlocking(c, done, [gap, staleness](smb::Communicator* comm) {
       int64_t g = 0;
-      c->SetStatus(ToTfStatus(comm->ClockTick(staleness, &g)));
+      smb::Status s = comm->ClockTick(staleness, &g);
       gap->scalar<int64_t>()() = g;
-      done();
-    }).detach();
+      return s;
+    });
   }
 
  private:
@@ -495,9 +535,8 @@ class SmbClockFinishOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("finished", &finished_));
   }
   void Compute(OpKernelContext* c) override {
-    smb::Communicator* comm = SmbContext::Get().comm();
-    OP_REQUIRES(c, comm != nullptr,
-                absl::FailedPreconditionError("join a job first (tf_smb.init())"));
+    std::shared_ptr<smb::Communicator> comm;
+    OP_REQUIRES_OK(c, SmbContext::Get().Shared(&comm));
     if (finished_) {
       comm->ClockFinish();
     } else {
@@ -513,12 +552,7 @@ class SmbWaitAllFinishedOp : public AsyncOpKernel {
  public:
   explicit SmbWaitAllFinishedOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
-    OP_REQUIRES_OK_ASYNC(
-        c, SmbContext::Get().Enqueue([c, done](smb::Communicator* comm) {
-          c->SetStatus(ToTfStatus(comm->WaitAllFinished()));
-          done();
-        }),
-        done);
+    RunBlocking(c, done, [](smb::Communicator* comm) { return comm->WaitAllFinished(); });
   }
 };
 

@@ -28,27 +28,33 @@ Joins this process to the job's box as `rank` of `world`. Run once, eagerly,
 before any other SMB op; `create` makes the box (rank 0 without a launcher).
 )doc");
 
+// `key` names a collective's call site in a graph (empty for eager ops): the
+// ranks match collectives by it, so independent collectives may run in any
+// order on each rank (see cc/smb/scheduler.h).
 REGISTER_OP("SmbAllReduce")
     .Input("tensors: T")
     .Output("sums: T")
-    .Attr("T: list({float, double, half, bfloat16, int32, int64}) >= 1")
+    .Attr("T: list({float, double, half, bfloat16, int8, uint8, int16, uint16, int32, int64}) >= 1")
+    .Attr("key: string = ''")
     .SetIsStateful()
     .SetShapeFn(SameShapesAsInputs)
     .Doc(R"doc(
 Sums every tensor over all ranks through the box, all tensors fused in one
-collective. Every rank must pass the same dtypes and shapes in the same order.
+collective. Every rank must pass the same dtypes and shapes for the same key.
 )doc");
 
 REGISTER_OP("SmbBroadcast")
     .Input("tensors: T")
     .Output("values: T")
-    .Attr("T: list({float, double, half, bfloat16, int32, int64}) >= 1")
+    .Attr("T: list({float, double, half, bfloat16, int8, uint8, int16, uint16, int32, int64}) >= 1")
     .Attr("root: int = 0")
+    .Attr("key: string = ''")
     .SetIsStateful()
     .SetShapeFn(SameShapesAsInputs)
     .Doc("Every rank receives rank `root`'s tensors.");
 
 REGISTER_OP("SmbBarrier")
+    .Attr("key: string = ''")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc("Returns once every rank has reached this barrier.");

@@ -34,6 +34,7 @@ constexpr int kMaxRank = 8;            // dimensions of a segment's shape
 constexpr size_t kDescBytes = 2048;    // one collective's description per rank
 constexpr size_t kSegmentNameBytes = 128;
 constexpr int kMaxResults = 8;        // all-reduce result buffers in the heap
+constexpr int kMaxPending = 256;      // collectives one rank may have waiting to run
 constexpr size_t kDefaultStagingBytes = size_t{1} << 20;  // see Options
 
 // One rank's control slot. Cache-line aligned so ranks do not false-share.
@@ -49,6 +50,11 @@ struct alignas(64) RankSlot {
   // What this rank is about to do, double-buffered by the collective's parity
   // so a fast rank never overwrites a description a slow rank still reads.
   char desc[2][kDescBytes];
+  // Keys (hashes) of the collectives this rank has submitted and not yet run,
+  // oldest first: rank 0 picks the next collective among them (see
+  // CollectiveScheduler). Only this rank writes them.
+  std::atomic<uint32_t> pending_count;
+  std::atomic<uint64_t> pending[kMaxPending];
 };
 
 struct SegmentEntry {
@@ -89,7 +95,13 @@ struct BoxHeader {
   std::atomic<uint32_t> wake;      // futex word bumped on every arrival
   std::atomic<uint32_t> attached;  // processes mapping the box right now
   std::atomic<uint32_t> aborted;   // non-zero once a rank failed for good
+  std::atomic<int32_t> abort_code;  // the smb::Code of that failure
   char abort_reason[512];
+  // Rank 0's choice of the job's n-th collective: decision_key[n % 2] is
+  // valid once decision_seq[n % 2] == n + 1 (two slots: rank 0 is never more
+  // than one collective ahead of the slowest rank).
+  std::atomic<uint64_t> decision_seq[2];
+  std::atomic<uint64_t> decision_key[2];
   char job_id[128];
   pthread_mutex_t table_lock;      // robust, process-shared
   uint64_t heap_used;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 
+#include "cc/smb/hash.h"
 #include "cc/smb/process.h"
 
 namespace smb {
@@ -22,15 +23,6 @@ inline void CpuRelax() {
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
-}
-
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
 }
 
 size_t NumElements(const std::vector<int64_t>& shape) {
@@ -186,7 +178,21 @@ Communicator::~Communicator() = default;
 
 Status Communicator::AbortedStatus() const {
   const BoxHeader* h = box_->header();
-  return Status(Code::kAborted, std::string("job aborted: ") + h->abort_reason);
+  // The code of the failure that stopped the job, so that every rank (and
+  // every later call) sees the original error, not a generic one.
+  return Status(static_cast<Code>(h->abort_code.load(std::memory_order_acquire)),
+                std::string("job aborted: ") + h->abort_reason);
+}
+
+Status Communicator::Fail(const Status& failure) {
+  if (box_ == nullptr || failure.ok()) return failure;
+  return Abort(failure.code(), failure.message());
+}
+
+Status Communicator::JobFailure() const {
+  if (box_ == nullptr) return Status::Ok();
+  if (box_->header()->aborted.load(std::memory_order_acquire) == 2) return AbortedStatus();
+  return Status::Ok();
 }
 
 Status Communicator::Abort(Code code, const std::string& reason) {
@@ -195,6 +201,7 @@ Status Communicator::Abort(Code code, const std::string& reason) {
   // First failure wins; 1 = writing the reason, 2 = reason readable.
   if (h->aborted.compare_exchange_strong(expected, 1)) {
     std::strncpy(h->abort_reason, reason.c_str(), sizeof h->abort_reason - 1);
+    h->abort_code.store(static_cast<int32_t>(code), std::memory_order_relaxed);
     h->aborted.store(2, std::memory_order_release);
     h->wake.fetch_add(1);
     FutexWakeAll(&h->wake);
@@ -210,7 +217,8 @@ Status Communicator::Sync(const std::string& what) {
   FutexWakeAll(&h->wake);
 
   const double start = MonotonicSeconds();
-  const double deadline = start + timeout_s_;
+  const double timeout = timeout_s();
+  const double deadline = start + timeout;
   double next_liveness = start + kLivenessPeriodS;
   int spins = 0;
   for (;;) {
@@ -250,7 +258,7 @@ Status Communicator::Sync(const std::string& what) {
       }
       return Abort(Code::kDeadlineExceeded,
                    "rank " + std::to_string(rank_) + " timed out after " +
-                       std::to_string(static_cast<int>(timeout_s_)) +
+                       std::to_string(static_cast<int>(timeout)) +
                        "s in " + what + " waiting for rank(s) " + missing);
     }
     FutexWait(&h->wake, wake, std::min(kMaxSleepS, deadline - now));
@@ -261,7 +269,7 @@ Status Communicator::Agree(const std::string& op, const std::string& desc) {
   BoxHeader* h = box_->header();
   const int parity = static_cast<int>(collectives_++ & 1);
   char* slot = h->ranks[rank_].desc[parity];
-  const uint64_t hash = Fnv1a(desc);
+  const uint64_t hash = StableHash(desc);
   const uint32_t len =
       static_cast<uint32_t>(std::min(desc.size(), kDescTextBytes - 1));
   std::memcpy(slot, &hash, sizeof hash);
@@ -294,7 +302,8 @@ bool Communicator::RankGone(int r) const {
 template <typename Done, typename Lagging>
 Status Communicator::WaitUntil(const std::string& what, Done done, Lagging lagging) {
   BoxHeader* h = box_->header();
-  const double deadline = MonotonicSeconds() + timeout_s_;
+  const double timeout = timeout_s();
+  const double deadline = MonotonicSeconds() + timeout;
   for (;;) {
     const uint32_t wake = h->wake.load(std::memory_order_acquire);
     if (h->aborted.load(std::memory_order_acquire) == 2) return AbortedStatus();
@@ -303,7 +312,7 @@ Status Communicator::WaitUntil(const std::string& what, Done done, Lagging laggi
     if (now >= deadline) {
       return Status(Code::kDeadlineExceeded,
                     "rank " + std::to_string(rank_) + " timed out after " +
-                        std::to_string(static_cast<int>(timeout_s_)) + "s in " +
+                        std::to_string(static_cast<int>(timeout)) + "s in " +
                         what + " waiting for rank(s) " + lagging());
     }
     // Dead ranks never wake us: re-check liveness at least every period.
@@ -374,6 +383,85 @@ Status Communicator::WaitAllFinished() {
   };
   return WaitUntil("waiting for all ranks to finish training",
                    [&] { return unfinished().empty(); }, unfinished);
+}
+
+void Communicator::PublishPending(const std::vector<uint64_t>& keys) {
+  if (box_ == nullptr) return;
+  RankSlot& slot = box_->header()->ranks[rank_];
+  const size_t n = std::min<size_t>(keys.size(), kMaxPending);
+  // Rank 0 may read while this changes; it can then see a key this rank ran
+  // already, which it never picks (it picks among its own waiting keys, and
+  // every key is run once), or miss a new one until the next look.
+  for (size_t i = 0; i < n; ++i) slot.pending[i].store(keys[i], std::memory_order_relaxed);
+  slot.pending_count.store(static_cast<uint32_t>(n), std::memory_order_release);
+  Poke();
+}
+
+bool Communicator::NextCollective(const std::vector<uint64_t>& mine, uint64_t* key) {
+  if (world_ == 1) {
+    if (mine.empty()) return false;
+    *key = mine.front();
+    return true;
+  }
+  BoxHeader* h = box_->header();
+  const int slot = static_cast<int>(decided_ & 1);
+  if (rank_ == 0) {
+    for (uint64_t k : mine) {
+      if (!RanksWithout(k).empty()) continue;
+      h->decision_key[slot].store(k, std::memory_order_relaxed);
+      h->decision_seq[slot].store(decided_ + 1, std::memory_order_release);
+      ++decided_;
+      Poke();
+      *key = k;
+      return true;
+    }
+    return false;
+  }
+  if (h->decision_seq[slot].load(std::memory_order_acquire) != decided_ + 1) return false;
+  *key = h->decision_key[slot].load(std::memory_order_relaxed);
+  ++decided_;
+  return true;
+}
+
+std::string Communicator::RanksWithout(uint64_t key) const {
+  std::string missing;
+  if (box_ == nullptr) return missing;
+  const BoxHeader* h = box_->header();
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    const RankSlot& slot = h->ranks[r];
+    const uint32_t n = std::min<uint32_t>(slot.pending_count.load(std::memory_order_acquire),
+                                          kMaxPending);
+    bool found = false;
+    for (uint32_t i = 0; i < n && !found; ++i) {
+      found = slot.pending[i].load(std::memory_order_relaxed) == key;
+    }
+    if (!found) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return missing;
+}
+
+int Communicator::DeadRank() const {
+  for (int r = 0; r < world_ && box_ != nullptr; ++r) {
+    if (RankGone(r)) return r;
+  }
+  return -1;
+}
+
+uint32_t Communicator::WakeWord() const {
+  return box_ == nullptr ? 0 : box_->header()->wake.load(std::memory_order_acquire);
+}
+
+void Communicator::WaitForChange(uint32_t seen, double seconds) const {
+  if (box_ == nullptr) return;
+  FutexWait(&box_->header()->wake, seen, seconds);
+}
+
+void Communicator::Poke() {
+  if (box_ == nullptr) return;
+  BoxHeader* h = box_->header();
+  h->wake.fetch_add(1, std::memory_order_acq_rel);
+  FutexWakeAll(&h->wake);
 }
 
 Status Communicator::Barrier() {
@@ -492,7 +580,7 @@ Status Communicator::ReduceChunks(const std::vector<TensorRef>& tensors,
   const size_t staging = box_->header()->staging_bytes;
   std::vector<const char*> sources(world_);
   // One pass per dtype over all tensors of that dtype: tensor fusion.
-  for (int32_t code = 1; code <= 6; ++code) {
+  for (int32_t code = 1; code <= kNumDTypes; ++code) {
     const DType dtype = static_cast<DType>(code);
     const size_t elem = DTypeSize(dtype);
     std::vector<Piece> pieces;

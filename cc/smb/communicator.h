@@ -13,10 +13,14 @@
 //   SMB_RETURN_IF_ERROR(comm->AllReduceSum({{DType::kFloat32, {n}, in, out}}));
 //
 // Calls are collective: every rank makes the same calls in the same order.
-// A Communicator is not thread-safe; the TF layer serialises calls on it.
+// Collectives are made from one thread at a time (CollectiveScheduler's
+// thread in the TF layer, which also agrees the order with the other ranks);
+// the clock calls (ClockTick, ClockFinish, WaitAllFinished) and set_timeout
+// may come from other threads, since they touch only atomics in the box.
 #ifndef TF_SMB_CC_SMB_COMMUNICATOR_H_
 #define TF_SMB_CC_SMB_COMMUNICATOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -103,13 +107,40 @@ class Communicator {
   // Waits until every rank that is alive has finished.
   Status WaitAllFinished();
 
+  // ---- Which collective runs next (see CollectiveScheduler) ----
+  // Publishes the keys of the collectives this rank has waiting, oldest first
+  // (at most kMaxPending), and wakes the other ranks.
+  void PublishPending(const std::vector<uint64_t>& keys);
+  // True once the job's next collective is chosen, with its key: rank 0
+  // chooses the oldest of `mine` (its waiting keys) that every rank has
+  // published; the others read rank 0's choice. False: not yet, wait.
+  bool NextCollective(const std::vector<uint64_t>& mine, uint64_t* key);
+  // The ranks that have not published `key`, e.g. "1, 2".
+  std::string RanksWithout(uint64_t key) const;
+  // The first rank found dead, or -1.
+  int DeadRank() const;
+  // The box's wake word and a wait on it: WaitForChange(WakeWord(), s)
+  // returns when anything in the box changes, or after s seconds.
+  uint32_t WakeWord() const;
+  void WaitForChange(uint32_t seen, double seconds) const;
+  // Wakes every rank's waiters (something this rank publishes changed).
+  void Poke();
+
+  // Stops the job's collectives for good: every rank's current and later
+  // collectives fail with this error (the first failure wins). Called after
+  // any failed collective, so no rank ever pairs later collectives wrongly.
+  Status Fail(const Status& failure);
+  // OK while the job runs; the failure that stopped it afterwards.
+  Status JobFailure() const;
+
   int rank() const { return rank_; }
   int world() const { return world_; }
+  double timeout_s() const { return timeout_s_.load(std::memory_order_relaxed); }
   Box* box() const { return box_.get(); }
   // Below this many bytes the sums are copied out: a result buffer gains
   // nothing for small collectives.
   static constexpr size_t kSharedMinBytes = size_t{256} << 10;
-  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  void set_timeout(double seconds) { timeout_s_.store(seconds, std::memory_order_relaxed); }
 
  private:
   // Arrive at the next barrier and wait for every rank to arrive too.
@@ -133,8 +164,9 @@ class Communicator {
   std::shared_ptr<Box> box_;
   int rank_;
   int world_;
-  double timeout_s_;
+  std::atomic<double> timeout_s_;  // set_timeout may come from another thread
   uint64_t seq_ = 0;          // barriers passed
+  uint64_t decided_ = 0;      // collectives whose turn NextCollective found
   uint64_t collectives_ = 0;  // Agree() calls, for descriptor parity
   uint64_t chunks_ = 0;       // chunks moved, for staging buffer parity
 };

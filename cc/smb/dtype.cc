@@ -24,6 +24,10 @@ size_t DTypeSize(DType dtype) {
     case DType::kBFloat16: return 2;
     case DType::kInt32: return 4;
     case DType::kInt64: return 8;
+    case DType::kInt8: return 1;
+    case DType::kUInt8: return 1;
+    case DType::kInt16: return 2;
+    case DType::kUInt16: return 2;
   }
   return 0;
 }
@@ -36,22 +40,28 @@ const char* DTypeName(DType dtype) {
     case DType::kBFloat16: return "bfloat16";
     case DType::kInt32: return "int32";
     case DType::kInt64: return "int64";
+    case DType::kInt8: return "int8";
+    case DType::kUInt8: return "uint8";
+    case DType::kInt16: return "int16";
+    case DType::kUInt16: return "uint16";
   }
   return "invalid";
 }
 
-bool IsValidDType(int32_t value) { return value >= 1 && value <= 6; }
+bool IsValidDType(int32_t value) { return value >= 1 && value <= kNumDTypes; }
 
 Status ParseDType(const std::string& name, DType* out) {
-  for (int32_t v = 1; v <= 6; ++v) {
+  for (int32_t v = 1; v <= kNumDTypes; ++v) {
     if (name == DTypeName(static_cast<DType>(v))) {
       *out = static_cast<DType>(v);
       return Status::Ok();
     }
   }
-  return InvalidArgument("unsupported dtype '" + name +
-                         "'; expected one of float32, float64, float16, "
-                         "bfloat16, int32, int64");
+  std::string names;
+  for (int32_t v = 1; v <= kNumDTypes; ++v) {
+    names += std::string(v > 1 ? ", " : "") + DTypeName(static_cast<DType>(v));
+  }
+  return InvalidArgument("unsupported dtype '" + name + "'; expected one of " + names);
 }
 
 namespace {
@@ -162,6 +172,10 @@ void SumInto(DType dtype, void* dst, const void* a, const void* b, size_t n) {
     case DType::kFloat64: return SumPlain<double>(dst, a, b, n);
     case DType::kInt32: return SumWrapping<int32_t, uint32_t>(dst, a, b, n);
     case DType::kInt64: return SumWrapping<int64_t, uint64_t>(dst, a, b, n);
+    case DType::kInt8: return SumWrapping<int8_t, uint8_t>(dst, a, b, n);
+    case DType::kUInt8: return SumWrapping<uint8_t, uint8_t>(dst, a, b, n);
+    case DType::kInt16: return SumWrapping<int16_t, uint16_t>(dst, a, b, n);
+    case DType::kUInt16: return SumWrapping<uint16_t, uint16_t>(dst, a, b, n);
     case DType::kFloat16:
       return SumHalfLike<HalfToFloat, FloatToHalf>(dst, a, b, n);
     case DType::kBFloat16:

@@ -17,11 +17,17 @@ enum class DType : int32_t {
   kBFloat16 = 4,
   kInt32 = 5,
   kInt64 = 6,
+  kInt8 = 7,
+  kUInt8 = 8,
+  kInt16 = 9,
+  kUInt16 = 10,
 };
+// DType values run from 1 to kNumDTypes.
+constexpr int32_t kNumDTypes = 10;
 
 size_t DTypeSize(DType dtype);
 const char* DTypeName(DType dtype);
-// Parses "float32", "float64", "float16", "bfloat16", "int32", "int64".
+// Parses a DTypeName: "float32", "int8", "uint16", ...
 Status ParseDType(const std::string& name, DType* out);
 bool IsValidDType(int32_t value);
 

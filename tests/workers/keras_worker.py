@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -148,6 +149,8 @@ def scenario_jit(strategy, a):
 
 
 def scenario_mismatch(strategy, a):
+    """Ranks disagree on a shape; then every later collective fails at once
+    with that same error (the job never pairs later collectives wrongly)."""
     n = 3 + tf_smb.rank()
     out = {}
     try:
@@ -155,13 +158,24 @@ def scenario_mismatch(strategy, a):
         out["shape_error"] = None
     except tf.errors.InvalidArgumentError as e:
         out["shape_error"] = e.message
+    start = time.monotonic()
+    try:
+        tf_smb.allreduce([tf.ones([2])])
+        out["later_error"] = None
+    except tf.errors.InvalidArgumentError as e:
+        out["later_error"] = e.message
+    out["later_seconds"] = time.monotonic() - start
+    return out
+
+
+def scenario_mismatch_dtype(strategy, a):
+    """Ranks disagree on a dtype inside a tf.function."""
     dtype = tf.float32 if tf_smb.rank() == 0 else tf.float64
     try:
         tf.function(lambda: tf_smb.allreduce([tf.ones([4], dtype)]))()
-        out["dtype_error"] = None
+        return {"dtype_error": None}
     except tf.errors.InvalidArgumentError as e:
-        out["dtype_error"] = e.message
-    return out
+        return {"dtype_error": e.message}
 
 
 def scenario_die(strategy, a):
@@ -183,7 +197,8 @@ def scenario_ops(strategy, a):
     broadcast from rank 0 although every worker seeds differently."""
     rank = tf_smb.rank()
     bad = []
-    for dtype in (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64):
+    for dtype in (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int8, tf.uint8,
+                  tf.int16, tf.uint16, tf.int32, tf.int64):
         for n in (0, 1, 7, 4097):
             x = tf.cast(tf.range(n) % 7 + rank, dtype)
             want = sum(tf.cast(tf.range(n) % 7 + r, tf.float64) for r in range(tf_smb.size()))
@@ -195,6 +210,22 @@ def scenario_ops(strategy, a):
         got = tf_smb.broadcast([tf.cast(tf.fill([5], rank + 1), dtype)], root=1)[0]
         if not np.array_equal(tf.cast(got, tf.float64).numpy(), np.full(5, 2.0)):
             bad.append(f"broadcast {dtype.name}")
+    # Gradients, as Horovod defines them: d/dx of a sum over workers is the
+    # sum of the upstream gradients; a broadcast's reaches the root only.
+    size = tf_smb.size()
+    v = tf.Variable([1.0, 2.0, 3.0])
+    for fn in (lambda f: f(), lambda f: tf.function(f)()):
+        def grads():
+            with tf.GradientTape(persistent=True) as tape:
+                s1 = tf.reduce_sum(tf_smb.allreduce([v * (rank + 1)])[0])
+                s2 = tf.reduce_sum(tf_smb.broadcast([v * (rank + 1)], root=1)[0])
+            return tape.gradient(s1, v), tape.gradient(s2, v)
+        g1, g2 = fn(grads)
+        if not np.allclose(g1.numpy(), size * (rank + 1)):
+            bad.append(f"allreduce gradient {g1.numpy()}")
+        want2 = size * (rank + 1) if rank == 1 else 0.0
+        if not np.allclose(g2.numpy(), want2):
+            bad.append(f"broadcast gradient {g2.numpy()}")
     keras.utils.set_random_seed(100 + rank)
     model = build(strategy)
     return {"bad": bad, "weights": [w.tolist() for w in model.get_weights()]}

@@ -1,0 +1,214 @@
+#include "cc/smb/scheduler.h"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "cc/smb/hash.h"
+#include "cc/smb/process.h"
+
+namespace smb {
+namespace {
+
+constexpr double kLivenessPeriodS = 0.02;  // how often waits look for dead ranks
+constexpr int kSpinIterations = 200;       // polls before sleeping on the box
+
+struct Item {
+  std::string key;  // with its count: unique in this process
+  std::string what;
+  uint64_t hash;
+  CollectiveScheduler::Run run;
+  CollectiveScheduler::Done done;
+  double since;
+};
+
+}  // namespace
+
+struct CollectiveScheduler::State {
+  std::shared_ptr<Communicator> comm;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Item> items;  // submitted, not yet run; oldest first
+  // How many calls of each key this process has submitted.
+  std::unordered_map<std::string, uint64_t> counts;
+  std::thread thread;
+  bool busy = false;
+  bool stop = false;
+};
+
+namespace {
+
+void FailAll(CollectiveScheduler::State* st, const Status& failure) {
+  std::deque<Item> items;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    items.swap(st->items);
+  }
+  for (Item& item : items) item.done(failure);
+}
+
+// Takes the waiting item with `hash` out of the queue.
+bool Take(CollectiveScheduler::State* st, uint64_t hash, Item* out) {
+  std::lock_guard<std::mutex> lock(st->mu);
+  for (auto it = st->items.begin(); it != st->items.end(); ++it) {
+    if (it->hash != hash) continue;
+    *out = std::move(*it);
+    st->items.erase(it);
+    st->busy = true;
+    return true;
+  }
+  return false;
+}
+
+// Why nothing could run for too long, or a dead rank; OK otherwise.
+Status CheckStalled(Communicator* comm, const Item& oldest, double now) {
+  const int dead = comm->DeadRank();
+  if (dead >= 0) {
+    return Status(Code::kAborted,
+                  "rank " + std::to_string(dead) + " exited or died; rank " +
+                      std::to_string(comm->rank()) + " was waiting for it to start " +
+                      oldest.what + " ('" + oldest.key + "')");
+  }
+  if (now - oldest.since < comm->timeout_s()) return Status::Ok();
+  const std::string missing = comm->RanksWithout(oldest.hash);
+  return Status(Code::kDeadlineExceeded,
+                "rank " + std::to_string(comm->rank()) + " timed out after " +
+                    std::to_string(static_cast<int>(comm->timeout_s())) +
+                    "s waiting to start " + oldest.what + " ('" + oldest.key +
+                    "'): rank(s) " + (missing.empty() ? std::string("?") : missing) +
+                    " never called it (do all ranks run the same collectives?)");
+}
+
+void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
+  Communicator* comm = st->comm.get();
+  std::vector<uint64_t> published;
+  double next_liveness = 0;
+  int spins = 0;
+  for (;;) {
+    const uint32_t seen = comm->WakeWord();
+    std::vector<uint64_t> waiting;
+    Item oldest;
+    {
+      std::unique_lock<std::mutex> lock(st->mu);
+      st->busy = false;
+      st->cv.wait(lock, [&] { return st->stop || !st->items.empty(); });
+      if (st->items.empty()) return;  // stopping, nothing left to run
+      for (const Item& item : st->items) waiting.push_back(item.hash);
+      oldest.key = st->items.front().key;
+      oldest.what = st->items.front().what;
+      oldest.hash = st->items.front().hash;
+      oldest.since = st->items.front().since;
+    }
+    Status failure = comm->JobFailure();
+    if (!failure.ok()) {
+      FailAll(st.get(), failure);
+      continue;
+    }
+    if (waiting.size() > static_cast<size_t>(kMaxPending)) {
+      FailAll(st.get(), comm->Fail(Status(
+          Code::kResourceExhausted,
+          "rank " + std::to_string(comm->rank()) + " has " +
+              std::to_string(waiting.size()) + " collectives waiting at once; at most " +
+              std::to_string(kMaxPending) + " are supported")));
+      continue;
+    }
+    if (waiting != published) {
+      comm->PublishPending(waiting);
+      published = waiting;
+    }
+    uint64_t next = 0;
+    if (comm->NextCollective(waiting, &next)) {
+      Item item;
+      if (!Take(st.get(), next, &item)) {
+        FailAll(st.get(), comm->Fail(Status(
+            Code::kInternal, "rank " + std::to_string(comm->rank()) +
+                                 " was told to run a collective it never submitted")));
+        continue;
+      }
+      spins = 0;
+      Status s = item.run(comm);
+      if (!s.ok()) {
+        // The first failure names its call site; the job then stops with it.
+        const Status earlier = comm->JobFailure();
+        s = earlier.ok() ? comm->Fail(Status(s.code(), s.message() + " (in " + item.what +
+                                                           " '" + item.key + "')"))
+                         : earlier;
+      }
+      item.done(s);
+      continue;
+    }
+    if (spins < kSpinIterations) {
+      ++spins;
+      std::this_thread::yield();
+      continue;
+    }
+    const double now = MonotonicSeconds();
+    if (now >= next_liveness) {
+      next_liveness = now + kLivenessPeriodS;
+      Status stalled = CheckStalled(comm, oldest, now);
+      if (!stalled.ok()) {
+        FailAll(st.get(), comm->Fail(stalled));
+        continue;
+      }
+    }
+    comm->WaitForChange(seen, kLivenessPeriodS);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<CollectiveScheduler> CollectiveScheduler::Start(
+    std::shared_ptr<Communicator> comm) {
+  auto state = std::make_shared<State>();
+  state->comm = std::move(comm);
+  state->thread = std::thread(Loop, state);
+  return std::make_unique<CollectiveScheduler>(Key(), std::move(state));
+}
+
+CollectiveScheduler::CollectiveScheduler(Key, std::shared_ptr<State> state)
+    : state_(std::move(state)) {}
+
+CollectiveScheduler::~CollectiveScheduler() {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->stop = true;
+  state_->cv.notify_all();
+  if (state_->busy || !state_->items.empty()) {
+    // Exiting mid-collective: never block exit on peers. The thread keeps
+    // the state (and the Communicator) alive; the OS ends it.
+    state_->thread.detach();
+    return;
+  }
+  lock.unlock();
+  state_->thread.join();
+}
+
+void CollectiveScheduler::Submit(const std::string& key, const std::string& what,
+                                 Run run, Done done) {
+  Status failure = state_->comm->JobFailure();
+  if (!failure.ok()) {
+    done(failure);  // fail fast: the job stopped at an earlier error
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    const uint64_t count = state_->counts[key]++;
+    Item item;
+    item.key = key + "#" + std::to_string(count);
+    item.what = what;
+    item.hash = StableHash(item.key);
+    item.run = std::move(run);
+    item.done = std::move(done);
+    item.since = MonotonicSeconds();
+    state_->items.push_back(std::move(item));
+  }
+  state_->cv.notify_one();
+  state_->comm->Poke();  // the thread may sleep on the box rather than on cv
+}
+
+Communicator* CollectiveScheduler::comm() const { return state_->comm.get(); }
+
+}  // namespace smb
