@@ -26,13 +26,18 @@ constexpr char kShmDir[] = "/dev/shm/";
 constexpr double kSetupGraceSeconds = 60.0;
 
 // A mutex that works across processes and survives its holder's death.
-void InitSharedMutex(pthread_mutex_t* mu) {
+Status InitSharedMutex(pthread_mutex_t* mu) {
   pthread_mutexattr_t attr;
-  pthread_mutexattr_init(&attr);
-  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  pthread_mutex_init(mu, &attr);
+  int rc = pthread_mutexattr_init(&attr);
+  if (rc == 0) rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  if (rc == 0) rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  if (rc == 0) rc = pthread_mutex_init(mu, &attr);
   pthread_mutexattr_destroy(&attr);
+  if (rc != 0) {
+    return Internal("cannot make a process-shared robust mutex: " +
+                    std::string(std::strerror(rc)));
+  }
+  return Status::Ok();
 }
 
 std::string UserPrefix() {
@@ -141,7 +146,14 @@ Status Box::Create(const Options& options, std::unique_ptr<Box>* out) {
                       "' (shared memory " + name + ")");
   }
   if (fd < 0) return SystemError("shm_open(" + name + ")");
-  fchmod(fd, 0600);  // whatever the umask, private to this user
+  // Whatever the umask, private to this user; a box others could open is
+  // never used.
+  if (fchmod(fd, 0600) != 0) {
+    Status s = SystemError("fchmod(" + name + ", 0600)");
+    close(fd);
+    shm_unlink(name.c_str());
+    return s;
+  }
 
   const size_t staging = AlignUp(options.staging_bytes, 64);
   const size_t header_bytes = AlignUp(sizeof(BoxHeader), kPage);
@@ -172,7 +184,12 @@ Status Box::Create(const Options& options, std::unique_ptr<Box>* out) {
   h->heap_bytes = heap;
   h->total_bytes = total;
   std::strncpy(h->job_id, options.job_id.c_str(), sizeof h->job_id - 1);
-  InitSharedMutex(&h->table_lock);
+  Status locked = InitSharedMutex(&h->table_lock);
+  if (!locked.ok()) {
+    munmap(p, total);
+    shm_unlink(name.c_str());
+    return locked;
+  }
   h->attached.store(1);
   h->ready.store(1, std::memory_order_release);
   *out = std::make_unique<Box>(Key(), name, h, total);
@@ -245,8 +262,7 @@ Status Box::LockTable() {
   if (rc == EOWNERDEAD) {
     // The holder died; the table is only written after all checks pass, so
     // what it holds is consistent.
-    pthread_mutex_consistent(&header_->table_lock);
-    rc = 0;
+    rc = pthread_mutex_consistent(&header_->table_lock);
   }
   if (rc != 0) return Internal("cannot lock the segment table: " +
                                std::string(std::strerror(rc)));
@@ -267,13 +283,15 @@ Status Box::CreateSegment(const std::string& name, DType dtype,
                            std::to_string(kMaxRank) + ", got " +
                            std::to_string(shape.size()));
   }
-  uint64_t count = 1;
+  uint64_t bytes = DTypeSize(dtype);
   for (int64_t d : shape) {
     if (d < 0) return InvalidArgument("negative dimension in shape " +
                                       ShapeString(shape));
-    count *= static_cast<uint64_t>(d);
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
+      return InvalidArgument("segment shape " + ShapeString(shape) +
+                             " has more bytes than a 64-bit size can hold");
+    }
   }
-  const uint64_t bytes = count * DTypeSize(dtype);
   SMB_RETURN_IF_ERROR(LockTable());
   BoxHeader* h = header_;
   for (uint32_t i = 0; i < h->segment_count; ++i) {
@@ -315,7 +333,11 @@ Status Box::CreateSegment(const std::string& name, DType dtype,
   // The key binds the slot to this box, so a key from another job fails.
   e.key = (static_cast<uint64_t>(h->creator_pid) << 32) | (index + 1);
   e.version.store(0);
-  InitSharedMutex(&e.write_lock);
+  Status locked = InitSharedMutex(&e.write_lock);
+  if (!locked.ok()) {
+    UnlockTable();  // the heap bytes stay taken; the slot stays unpublished
+    return locked;
+  }
   h->segment_count = index + 1;  // publish last
   *key = e.key;
   UnlockTable();

@@ -154,15 +154,36 @@ void SumHalfLike(void* dst, const void* a, const void* b, size_t n) {
 
 }  // namespace
 
-void ScaleInto(DType dtype, uint16_t* dst, const uint16_t* src, double alpha,
-               size_t n) {
+namespace {
+
+// Converters of one half-like dtype: float16 or bfloat16.
+struct HalfLike {
+  float (*to_float)(uint16_t);
+  uint16_t (*from_float)(float);
+};
+
+HalfLike ConvertersOf(DType dtype) {
+  if (dtype == DType::kFloat16) return {HalfToFloat, FloatToHalf};
+  return {BFloat16ToFloat, FloatToBFloat16};
+}
+
+}  // namespace
+
+void AxpyHalfLike(DType dtype, uint16_t* y, double alpha, const uint16_t* x,
+                  size_t n) {
+  const HalfLike c = ConvertersOf(dtype);
   const float a = static_cast<float>(alpha);
-  if (dtype == DType::kFloat16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = FloatToHalf(a * HalfToFloat(src[i]));
-  } else {
-    for (size_t i = 0; i < n; ++i) {
-      dst[i] = FloatToBFloat16(a * BFloat16ToFloat(src[i]));
-    }
+  for (size_t i = 0; i < n; ++i) y[i] = c.from_float(c.to_float(y[i]) + a * c.to_float(x[i]));
+}
+
+void MomentumHalfLike(DType dtype, uint16_t* w, uint16_t* v, double lr,
+                      double momentum, const uint16_t* g, size_t n) {
+  const HalfLike c = ConvertersOf(dtype);
+  const float m = static_cast<float>(momentum), a = static_cast<float>(lr);
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t velocity = c.from_float(m * c.to_float(v[i]) - a * c.to_float(g[i]));
+    v[i] = velocity;
+    w[i] = c.from_float(c.to_float(w[i]) + c.to_float(velocity));
   }
 }
 

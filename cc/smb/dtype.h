@@ -35,9 +35,14 @@ bool IsValidDType(int32_t value);
 // float16/bfloat16 are summed in float32 and rounded once (to nearest even).
 void SumInto(DType dtype, void* dst, const void* a, const void* b, size_t n);
 
-// dst[i] = alpha * src[i] for float16/bfloat16 (computed in float32).
-void ScaleInto(DType dtype, uint16_t* dst, const uint16_t* src, double alpha,
-               size_t n);
+// y[i] += alpha * x[i] for float16/bfloat16: computed in float32, rounded
+// once (to nearest even).
+void AxpyHalfLike(DType dtype, uint16_t* y, double alpha, const uint16_t* x,
+                  size_t n);
+// v[i] = momentum * v[i] - lr * g[i]; w[i] += v[i] for float16/bfloat16:
+// computed in float32, each stored value rounded once.
+void MomentumHalfLike(DType dtype, uint16_t* w, uint16_t* v, double lr,
+                      double momentum, const uint16_t* g, size_t n);
 
 }  // namespace smb
 

@@ -19,10 +19,13 @@ size_t Elements(const Segment& s) { return s.bytes / DTypeSize(s.dtype); }
 bool LockWriters(SegmentEntry* e) {
   int rc = pthread_mutex_lock(&e->write_lock);
   if (rc == EOWNERDEAD) {
-    pthread_mutex_consistent(&e->write_lock);
+    rc = pthread_mutex_consistent(&e->write_lock);
+    if (rc != 0) {
+      pthread_mutex_unlock(&e->write_lock);
+      return false;
+    }
     const uint64_t v = e->version.load(std::memory_order_relaxed);
     if (v & 1) e->version.store(v + 1, std::memory_order_relaxed);
-    rc = 0;
   }
   return rc == 0;
 }
@@ -58,20 +61,6 @@ void AxpyTyped(void* w, double alpha, const void* x, size_t n) {
   const T* v = static_cast<const T*>(x);
   const T a = static_cast<T>(alpha);
   for (size_t i = 0; i < n; ++i) y[i] += a * v[i];
-}
-
-// float16/bfloat16: scale in float32 through the reduction kernels' converters.
-void AxpyHalfLike(DType dtype, void* w, double alpha, const void* x, size_t n) {
-  // Scale x into a float32 temporary one block at a time, then w += scaled.
-  constexpr size_t kBlock = 4096;
-  uint16_t scaled[kBlock];
-  const uint16_t* src = static_cast<const uint16_t*>(x);
-  uint16_t* dst = static_cast<uint16_t*>(w);
-  for (size_t off = 0; off < n; off += kBlock) {
-    const size_t m = std::min(kBlock, n - off);
-    ScaleInto(dtype, scaled, src + off, alpha, m);
-    SumInto(dtype, dst + off, dst + off, scaled, m);
-  }
 }
 
 }  // namespace
@@ -130,7 +119,10 @@ Status Axpy(const Segment& segment, double alpha, const void* x) {
   switch (segment.dtype) {
     case DType::kFloat32: AxpyTyped<float>(segment.data, alpha, x, n); break;
     case DType::kFloat64: AxpyTyped<double>(segment.data, alpha, x, n); break;
-    default: AxpyHalfLike(segment.dtype, segment.data, alpha, x, n); break;
+    default:
+      AxpyHalfLike(segment.dtype, static_cast<uint16_t*>(segment.data), alpha,
+                   static_cast<const uint16_t*>(x), n);
+      break;
   }
   return Status::Ok();
 }
@@ -140,9 +132,15 @@ Status MomentumStep(const Segment& segment, const Segment& velocity, double lr,
   if (velocity.dtype != segment.dtype || velocity.bytes != segment.bytes) {
     return InvalidArgument("velocity segment does not match its parameter");
   }
-  if (segment.dtype != DType::kFloat32 && segment.dtype != DType::kFloat64) {
-    return InvalidArgument(std::string("momentum needs a float32 or float64 "
-                                       "segment, got ") + DTypeName(segment.dtype));
+  switch (segment.dtype) {
+    case DType::kFloat32:
+    case DType::kFloat64:
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      break;
+    default:
+      return InvalidArgument(std::string("momentum needs a floating segment, got ") +
+                             DTypeName(segment.dtype));
   }
   WriteGuard guard(segment);  // the parameter's lock also covers its velocity
   if (!guard.ok()) return Locked();
@@ -156,6 +154,10 @@ Status MomentumStep(const Segment& segment, const Segment& velocity, double lr,
       v[i] = m * v[i] - a * g[i];
       w[i] += v[i];
     }
+  } else if (segment.dtype != DType::kFloat64) {
+    MomentumHalfLike(segment.dtype, static_cast<uint16_t*>(segment.data),
+                     static_cast<uint16_t*>(velocity.data), lr, momentum,
+                     static_cast<const uint16_t*>(grad), n);
   } else {
     double* w = static_cast<double*>(segment.data);
     double* v = static_cast<double*>(velocity.data);

@@ -55,6 +55,37 @@ void TestSums() {
   int32_t i[1];
   smb::SumInto(smb::DType::kInt32, i, i1, i2, 1);
   Check(i[0] == -2147483647 - 1, "int32 wraps");
+
+  const int8_t c1[] = {127, -3};
+  const int8_t c2[] = {1, 2};
+  int8_t c[2];
+  smb::SumInto(smb::DType::kInt8, c, c1, c2, 2);
+  Check(c[0] == -128 && c[1] == -1, "int8 wraps");
+  const uint16_t u1[] = {65535};
+  const uint16_t u2[] = {2};
+  uint16_t u[1];
+  smb::SumInto(smb::DType::kUInt16, u, u1, u2, 1);
+  Check(u[0] == 1, "uint16 wraps");
+}
+
+// y += a*x for bfloat16 rounds once: 1 + (2^-8 + 2^-16) is above the tie
+// between 1 and 1 + 2^-7, so it rounds up; rounding a*x to bfloat16 first
+// (2^-8, a tie) and then the sum would give 1.0.
+void TestAxpyRoundsOnce() {
+  uint16_t y[] = {0x3f80};        // 1.0
+  const uint16_t x[] = {0x3f80};  // 1.0
+  smb::AxpyHalfLike(smb::DType::kBFloat16, y, 0.00392150878906250, x, 1);
+  Check(y[0] == 0x3f81, "bfloat16 axpy rounds once");
+  // float16: 1 + (2^-11 + 2^-21) rounds up to 1 + 2^-10 (0x3c01).
+  uint16_t h[] = {0x3c00};
+  const uint16_t one[] = {0x3c00};
+  smb::AxpyHalfLike(smb::DType::kFloat16, h, 0.00048875808715820312, one, 1);
+  Check(h[0] == 0x3c01, "float16 axpy rounds once");
+  // Momentum in bfloat16: v = 0.5*0 - 1*(-1) = 1; w = 1 + 1 = 2.
+  uint16_t w[] = {0x3f80}, v[] = {0x0000};
+  const uint16_t g[] = {0xbf80};  // -1.0
+  smb::MomentumHalfLike(smb::DType::kBFloat16, w, v, 1.0, 0.5, g, 1);
+  Check(v[0] == 0x3f80 && w[0] == 0x4000, "bfloat16 momentum step");
 }
 
 void TestBoxAndSegments() {
@@ -81,6 +112,9 @@ void TestBoxAndSegments() {
   Check(box->CreateSegment("big", smb::DType::kFloat64, {1 << 20}, &key).code() ==
             smb::Code::kResourceExhausted,
         "heap bound");
+  Check(box->CreateSegment("huge", smb::DType::kFloat64, {int64_t{1} << 40, int64_t{1} << 30},
+                           &key).code() == smb::Code::kInvalidArgument,
+        "shape whose byte count overflows refused");
   Check(smb::Box::ValidateJobId("../etc").code() == smb::Code::kInvalidArgument,
         "job id with '/' refused");
 }
@@ -103,6 +137,7 @@ void TestSingleWorkerCommunicator() {
 
 int main() {
   TestSums();
+  TestAxpyRoundsOnce();
   TestBoxAndSegments();
   TestSingleWorkerCommunicator();
   if (failures == 0) std::printf("core_test: all checks passed\n");
