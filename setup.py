@@ -9,7 +9,7 @@ import glob
 import pybind11
 from setuptools import Extension, find_packages, setup
 
-CORE_SOURCES = sorted(glob.glob("cc/smb/*.cc"))
+CORE_SOURCES = sorted(glob.glob("cc/smb/**/*.cc", recursive=True))
 COMMON_FLAGS = ["-std=c++17", "-O3", "-fvisibility=hidden", "-Wall"]
 
 

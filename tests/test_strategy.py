@@ -136,9 +136,11 @@ def test_sums_kept_in_the_box_are_exact_held_and_never_written(world, heap):
 
 
 def test_single_process_without_launcher():
-    res = run_single([KERAS, "mismatch"], timeout=300).check().json()
     # With one worker every collective is local: nothing to disagree with.
-    assert res["size"] == 1 and res["shape_error"] is None and res["dtype_error"] is None
+    res = run_single([KERAS, "mismatch"], timeout=300).check().json()
+    assert res["size"] == 1 and res["shape_error"] is None and res["later_error"] is None
+    res = run_single([KERAS, "mismatch_dtype"], timeout=300).check().json()
+    assert res["size"] == 1 and res["dtype_error"] is None
 
 
 def test_mpirun_launch_without_our_launcher(fit_single, tmp_path):

@@ -519,7 +519,7 @@ class SmbClockTickOp : public AsyncOpKernel {
     // another op's collective, and it touches only atomics in the box.
     RunBlocking(c, done, [gap, staleness](smb::Communicator* comm) {
       int64_t g = 0;
-      smb::Status s = comm->ClockTick(staleness, &g);
+      smb::Status s = comm->clock().Tick(staleness, &g);
       gap->scalar<int64_t>()() = g;
       return s;
     });
@@ -538,9 +538,9 @@ class SmbClockFinishOp : public OpKernel {
     std::shared_ptr<smb::Communicator> comm;
     OP_REQUIRES_OK(c, SmbContext::Get().Shared(&comm));
     if (finished_) {
-      comm->ClockFinish();
+      comm->clock().Finish();
     } else {
-      comm->ClockResume();
+      comm->clock().Resume();
     }
   }
 
@@ -552,7 +552,7 @@ class SmbWaitAllFinishedOp : public AsyncOpKernel {
  public:
   explicit SmbWaitAllFinishedOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
-    RunBlocking(c, done, [](smb::Communicator* comm) { return comm->WaitAllFinished(); });
+    RunBlocking(c, done, [](smb::Communicator* comm) { return comm->clock().WaitAllFinished(); });
   }
 };
 

@@ -17,15 +17,16 @@ REGISTER_OP("SmbInit")
     .Attr("job_id: string")
     .Attr("rank: int")
     .Attr("world: int")
-    .Attr("timeout_seconds: float = 600")
-    .Attr("create: bool = false")
-    .Attr("staging_bytes: int = 1048576")
-    .Attr("heap_bytes: int = 4294967296")
+    .Attr("timeout_seconds: float")
+    .Attr("create: bool")
+    .Attr("staging_bytes: int")
+    .Attr("heap_bytes: int")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(
 Joins this process to the job's box as `rank` of `world`. Run once, eagerly,
 before any other SMB op; `create` makes the box (rank 0 without a launcher).
+The Python wrapper passes every attribute (defaults: cc/smb/defaults.h).
 )doc");
 
 // `key` names a collective's call site in a graph (empty for eager ops): the

@@ -94,6 +94,10 @@ class BoxHandle {
 
 PYBIND11_MODULE(_box, m) {
   m.doc() = "The Soft Memory Box core (no TensorFlow): boxes and collectives.";
+  // The job defaults (cc/smb/defaults.h), for the Python package and launcher.
+  m.attr("DEFAULT_TIMEOUT_S") = smb::kDefaultTimeoutS;
+  m.attr("DEFAULT_STAGING_BYTES") = smb::kDefaultStagingBytes;
+  m.attr("DEFAULT_HEAP_BYTES") = smb::kDefaultHeapBytes;
 
   m.def("shm_name", &smb::Box::ShmName, py::arg("job_id"),
         "Name of the job's shared-memory region.");
@@ -143,9 +147,9 @@ PYBIND11_MODULE(_box, m) {
              return comm;
            }),
            py::arg("job_id"), py::arg("rank"), py::arg("world"),
-           py::arg("timeout_s") = 600.0, py::arg("create") = false,
+           py::arg("timeout_s") = smb::kDefaultTimeoutS, py::arg("create") = false,
            py::arg("staging_bytes") = smb::kDefaultStagingBytes,
-           py::arg("heap_bytes") = size_t{4} << 30)
+           py::arg("heap_bytes") = smb::kDefaultHeapBytes)
       .def_property_readonly("rank", &smb::Communicator::rank)
       .def_property_readonly("world", &smb::Communicator::world)
       .def("allreduce",
@@ -259,22 +263,20 @@ PYBIND11_MODULE(_box, m) {
       .def("clock_tick",
            [](smb::Communicator& c, int64_t staleness) {
              int64_t gap = 0;
-             WithoutGil([&] { return c.ClockTick(staleness, &gap); });
+             WithoutGil([&] { return c.clock().Tick(staleness, &gap); });
              return gap;
            },
            py::arg("staleness") = -1)
-      .def("clock_finish", &smb::Communicator::ClockFinish)
+      .def("clock_finish", [](smb::Communicator& c) { c.clock().Finish(); })
       .def("clocks",
            [](smb::Communicator& c) {
              std::vector<uint64_t> clocks;
-             if (c.box() == nullptr) return clocks;
-             for (int r = 0; r < c.world(); ++r) {
-               clocks.push_back(c.box()->header()->ranks[r].clock.load());
-             }
+             if (c.world() == 1) return clocks;
+             for (int r = 0; r < c.world(); ++r) clocks.push_back(c.clock().Steps(r));
              return clocks;
            },
            "Every rank's step clock, read straight from the box.")
       .def("wait_all_finished", [](smb::Communicator& c) {
-        WithoutGil([&] { return c.WaitAllFinished(); });
+        WithoutGil([&] { return c.clock().WaitAllFinished(); });
       });
 }

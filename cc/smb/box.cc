@@ -19,7 +19,7 @@ namespace smb {
 namespace {
 
 constexpr uint64_t kMagic = 0x534d42424f583031ull;  // "SMBBOX01"
-constexpr uint32_t kLayoutVersion = 4;
+constexpr uint32_t kLayoutVersion = 5;
 constexpr size_t kPage = 4096;
 constexpr char kShmDir[] = "/dev/shm/";
 // A box still being set up is never reclaimed before this age.
@@ -69,7 +69,7 @@ bool IsStale(const std::string& entry) {
       } else {
         bool any_alive = IsProcessAlive(h->creator_pid);
         for (uint32_t r = 0; r < h->world && r < kMaxWorld && !any_alive; ++r) {
-          any_alive = IsProcessAlive(h->ranks[r].pid.load());
+          any_alive = IsProcessAlive(h->pids[r].load());
         }
         stale = !any_alive;
       }
@@ -81,15 +81,6 @@ bool IsStale(const std::string& entry) {
 }
 
 }  // namespace
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ",";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
 
 Status Box::ValidateJobId(const std::string& job_id) {
   if (job_id.empty() || job_id.size() > 100) {
@@ -192,7 +183,7 @@ Status Box::Create(const Options& options, std::unique_ptr<Box>* out) {
   }
   h->attached.store(1);
   h->ready.store(1, std::memory_order_release);
-  *out = std::make_unique<Box>(Key(), name, h, total);
+  *out = std::make_unique<Box>(Token(), name, h, total);
   return Status::Ok();
 }
 
@@ -228,7 +219,7 @@ Status Box::Attach(const std::string& job_id, double timeout_s,
           if (p == nullptr) return SystemError("mmap(" + name + ")");
           auto* full = static_cast<BoxHeader*>(p);
           full->attached.fetch_add(1);
-          *out = std::make_unique<Box>(Key(), name, full, total);
+          *out = std::make_unique<Box>(Token(), name, full, total);
           return Status::Ok();
         }
         if (hp != nullptr) munmap(hp, sizeof(BoxHeader));
@@ -278,9 +269,9 @@ Status Box::CreateSegment(const std::string& name, DType dtype,
                            std::to_string(kSegmentNameBytes - 1) +
                            " characters, got " + std::to_string(name.size()));
   }
-  if (shape.size() > static_cast<size_t>(kMaxRank)) {
-    return InvalidArgument("segment rank must be at most " +
-                           std::to_string(kMaxRank) + ", got " +
+  if (shape.size() > static_cast<size_t>(kMaxDims)) {
+    return InvalidArgument("a segment has at most " + std::to_string(kMaxDims) +
+                           " dimensions, got " +
                            std::to_string(shape.size()));
   }
   uint64_t bytes = DTypeSize(dtype);
@@ -297,7 +288,7 @@ Status Box::CreateSegment(const std::string& name, DType dtype,
   for (uint32_t i = 0; i < h->segment_count; ++i) {
     SegmentEntry& e = h->segments[i];
     if (name == e.name) {
-      const std::vector<int64_t> have(e.dims, e.dims + e.rank);
+      const std::vector<int64_t> have(e.dims, e.dims + e.num_dims);
       const DType have_dtype = static_cast<DType>(e.dtype);
       UnlockTable();
       if (have_dtype != dtype || have != shape) {
@@ -326,7 +317,7 @@ Status Box::CreateSegment(const std::string& name, DType dtype,
   SegmentEntry& e = h->segments[index];
   std::strncpy(e.name, name.c_str(), kSegmentNameBytes - 1);
   e.dtype = static_cast<int32_t>(dtype);
-  e.rank = static_cast<int32_t>(shape.size());
+  e.num_dims = static_cast<int32_t>(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) e.dims[i] = shape[i];
   e.offset = offset;
   e.bytes = bytes;
@@ -394,7 +385,7 @@ Status Box::AttachSegment(uint64_t key, DType dtype,
                                        std::to_string(key) + " in this box");
   }
   SegmentEntry& e = header_->segments[index];
-  const std::vector<int64_t> have(e.dims, e.dims + e.rank);
+  const std::vector<int64_t> have(e.dims, e.dims + e.num_dims);
   const DType have_dtype = static_cast<DType>(e.dtype);
   if (have_dtype != dtype || have != shape) {
     return InvalidArgument("segment '" + std::string(e.name) + "' holds " +

@@ -1,6 +1,6 @@
 // The Soft Memory Box on one node: a POSIX shared-memory region holding a
-// segment table, per-rank control slots, collective staging buffers and a heap
-// for named segments.
+// segment table, the ranks' control words (GroupControl, see peers.h),
+// collective staging buffers and a heap for named segments and result buffers.
 //
 //   smb::Box::Options opts;
 //   opts.job_id = "job42"; opts.world = 2;
@@ -23,45 +23,23 @@
 #include <string>
 #include <vector>
 
+#include "cc/smb/defaults.h"
 #include "cc/smb/dtype.h"
+#include "cc/smb/peers.h"
 #include "cc/smb/status.h"
+#include "cc/smb/tensor.h"
 
 namespace smb {
 
-constexpr int kMaxWorld = 128;
 constexpr int kMaxSegments = 4096;
-constexpr int kMaxRank = 8;            // dimensions of a segment's shape
-constexpr size_t kDescBytes = 2048;    // one collective's description per rank
+constexpr int kMaxDims = 8;            // dimensions of a segment's shape
 constexpr size_t kSegmentNameBytes = 128;
-constexpr int kMaxResults = 8;        // all-reduce result buffers in the heap
-constexpr int kMaxPending = 256;      // collectives one rank may have waiting to run
-constexpr size_t kDefaultStagingBytes = size_t{1} << 20;  // see Options
-
-// One rank's control slot. Cache-line aligned so ranks do not false-share.
-struct alignas(64) RankSlot {
-  std::atomic<int32_t> pid;          // 0 until the rank attaches
-  std::atomic<uint64_t> arrive_seq;  // barrier generation this rank reached
-  // Asynchronous mode: training steps this rank has started, and whether it
-  // has finished training (then it no longer holds the others back).
-  std::atomic<uint64_t> clock;
-  std::atomic<uint32_t> finished;
-  // Rank 0's choice of result buffer for a collective (-1: none), by parity.
-  std::atomic<int32_t> result_choice[2];
-  // What this rank is about to do, double-buffered by the collective's parity
-  // so a fast rank never overwrites a description a slow rank still reads.
-  char desc[2][kDescBytes];
-  // Keys (hashes) of the collectives this rank has submitted and not yet run,
-  // oldest first: rank 0 picks the next collective among them (see
-  // CollectiveScheduler). Only this rank writes them.
-  std::atomic<uint32_t> pending_count;
-  std::atomic<uint64_t> pending[kMaxPending];
-};
 
 struct SegmentEntry {
   char name[kSegmentNameBytes];
   int32_t dtype;
-  int32_t rank;
-  int64_t dims[kMaxRank];
+  int32_t num_dims;
+  int64_t dims[kMaxDims];
   uint64_t offset;  // from the start of the region
   uint64_t bytes;
   uint64_t key;     // creation key handed to attachers
@@ -69,15 +47,6 @@ struct SegmentEntry {
   // they copied the data between two equal even values.
   std::atomic<uint64_t> version;
   pthread_mutex_t write_lock;  // robust, process-shared: one writer at a time
-};
-
-// A heap region that holds all-reduce sums every rank reads in place (see
-// Communicator::AllReduceSumShared). Rank 0 hands out a buffer only when no
-// rank holds it any more.
-struct alignas(64) ResultBuffer {
-  uint64_t offset;  // from the start of the region; 0 until first used
-  uint64_t bytes;
-  std::atomic<int32_t> holders;  // ranks whose outputs still point into it
 };
 
 struct BoxHeader {
@@ -92,23 +61,14 @@ struct BoxHeader {
   int32_t creator_pid;
   uid_t owner_uid;
   std::atomic<uint32_t> ready;     // set last by the creator
-  std::atomic<uint32_t> wake;      // futex word bumped on every arrival
   std::atomic<uint32_t> attached;  // processes mapping the box right now
-  std::atomic<uint32_t> aborted;   // non-zero once a rank failed for good
-  std::atomic<int32_t> abort_code;  // the smb::Code of that failure
-  char abort_reason[512];
-  // Rank 0's choice of the job's n-th collective: decision_key[n % 2] is
-  // valid once decision_seq[n % 2] == n + 1 (two slots: rank 0 is never more
-  // than one collective ahead of the slowest rank).
-  std::atomic<uint64_t> decision_seq[2];
-  std::atomic<uint64_t> decision_key[2];
   char job_id[128];
   pthread_mutex_t table_lock;      // robust, process-shared
   uint64_t heap_used;
   uint32_t segment_count;
   SegmentEntry segments[kMaxSegments];
-  ResultBuffer results[kMaxResults];
-  RankSlot ranks[kMaxWorld];
+  std::atomic<int32_t> pids[kMaxWorld];  // 0 until the rank attaches
+  GroupControl group;  // the ranks' collectives (see peers.h)
 };
 
 // A named segment's place in this process's mapping of the box.
@@ -127,14 +87,10 @@ class Box {
     std::string job_id;
     int world = 1;
     // Staging memory per rank and per buffer; all-reduce and broadcast work in
-    // chunks of this size, so tensors of any size fit a bounded box. Small
-    // chunks stay in the caches while the ranks pass them around (1 MiB was
-    // fastest for ResNet-50's gradients on 2 workers; 16 MiB took 1.4x as long).
+    // chunks of this size, so tensors of any size fit a bounded box.
     size_t staging_bytes = kDefaultStagingBytes;
-    // Room for named segments (parameters in the asynchronous mode). The
-    // region is sparse: untouched pages cost no memory, so a generous
-    // default fits large models (VGG-16 with momentum needs ~1.1 GB).
-    size_t heap_bytes = size_t{4} << 30;
+    // Room for result buffers and named segments (sparse; see defaults.h).
+    size_t heap_bytes = kDefaultHeapBytes;
   };
 
   // Creates the job's box. Fails with kAlreadyExists if a live job uses the
@@ -148,12 +104,12 @@ class Box {
   static Status ValidateJobId(const std::string& job_id);
   static std::string ShmName(const std::string& job_id);
 
-  // Only Create() and Attach() can make the key: use those.
-  class Key {
+  // Only Create() and Attach() can make the token: use those.
+  class Token {
     friend class Box;
-    Key() = default;
+    Token() = default;
   };
-  Box(Key, std::string name, BoxHeader* header, size_t bytes)
+  Box(Token, std::string name, BoxHeader* header, size_t bytes)
       : name_(std::move(name)), header_(header), mapped_bytes_(bytes) {}
   ~Box();
   Box(const Box&) = delete;
@@ -189,8 +145,6 @@ class Box {
   BoxHeader* header_;
   size_t mapped_bytes_;
 };
-
-std::string ShapeString(const std::vector<int64_t>& shape);
 
 inline size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cc/smb/hash.h"
+#include "cc/smb/group.h"
 #include "cc/smb/process.h"
 
 namespace smb {
@@ -65,19 +66,19 @@ bool Take(CollectiveScheduler::State* st, uint64_t hash, Item* out) {
 }
 
 // Why nothing could run for too long, or a dead rank; OK otherwise.
-Status CheckStalled(Communicator* comm, const Item& oldest, double now) {
-  const int dead = comm->DeadRank();
-  if (dead >= 0) {
+Status CheckStalled(Group& group, const Item& oldest, double now) {
+  const int gone = group.GoneRank();
+  if (gone >= 0) {
     return Status(Code::kAborted,
-                  "rank " + std::to_string(dead) + " exited or died; rank " +
-                      std::to_string(comm->rank()) + " was waiting for it to start " +
+                  group.peers()->Name(gone) + " exited or died; rank " +
+                      std::to_string(group.rank()) + " was waiting for it to start " +
                       oldest.what + " ('" + oldest.key + "')");
   }
-  if (now - oldest.since < comm->timeout_s()) return Status::Ok();
-  const std::string missing = comm->RanksWithout(oldest.hash);
+  if (now - oldest.since < group.timeout_s()) return Status::Ok();
+  const std::string missing = group.RanksWithout(oldest.hash);
   return Status(Code::kDeadlineExceeded,
-                "rank " + std::to_string(comm->rank()) + " timed out after " +
-                    std::to_string(static_cast<int>(comm->timeout_s())) +
+                "rank " + std::to_string(group.rank()) + " timed out after " +
+                    std::to_string(static_cast<int>(group.timeout_s())) +
                     "s waiting to start " + oldest.what + " ('" + oldest.key +
                     "'): rank(s) " + (missing.empty() ? std::string("?") : missing) +
                     " never called it (do all ranks run the same collectives?)");
@@ -85,11 +86,12 @@ Status CheckStalled(Communicator* comm, const Item& oldest, double now) {
 
 void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
   Communicator* comm = st->comm.get();
+  Group& group = comm->group();
   std::vector<uint64_t> published;
   double next_liveness = 0;
   int spins = 0;
   for (;;) {
-    const uint32_t seen = comm->WakeWord();
+    const uint32_t seen = group.WakeWord();
     std::vector<uint64_t> waiting;
     Item oldest;
     {
@@ -103,29 +105,29 @@ void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
       oldest.hash = st->items.front().hash;
       oldest.since = st->items.front().since;
     }
-    Status failure = comm->JobFailure();
+    Status failure = group.Failure();
     if (!failure.ok()) {
       FailAll(st.get(), failure);
       continue;
     }
     if (waiting.size() > static_cast<size_t>(kMaxPending)) {
-      FailAll(st.get(), comm->Fail(Status(
+      FailAll(st.get(), group.Fail(Status(
           Code::kResourceExhausted,
-          "rank " + std::to_string(comm->rank()) + " has " +
+          "rank " + std::to_string(group.rank()) + " has " +
               std::to_string(waiting.size()) + " collectives waiting at once; at most " +
               std::to_string(kMaxPending) + " are supported")));
       continue;
     }
     if (waiting != published) {
-      comm->PublishPending(waiting);
+      group.PublishPending(waiting);
       published = waiting;
     }
     uint64_t next = 0;
-    if (comm->NextCollective(waiting, &next)) {
+    if (group.NextCollective(waiting, &next)) {
       Item item;
       if (!Take(st.get(), next, &item)) {
-        FailAll(st.get(), comm->Fail(Status(
-            Code::kInternal, "rank " + std::to_string(comm->rank()) +
+        FailAll(st.get(), group.Fail(Status(
+            Code::kInternal, "rank " + std::to_string(group.rank()) +
                                  " was told to run a collective it never submitted")));
         continue;
       }
@@ -133,8 +135,8 @@ void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
       Status s = item.run(comm);
       if (!s.ok()) {
         // The first failure names its call site; the job then stops with it.
-        const Status earlier = comm->JobFailure();
-        s = earlier.ok() ? comm->Fail(Status(s.code(), s.message() + " (in " + item.what +
+        const Status earlier = group.Failure();
+        s = earlier.ok() ? group.Fail(Status(s.code(), s.message() + " (in " + item.what +
                                                            " '" + item.key + "')"))
                          : earlier;
       }
@@ -149,13 +151,13 @@ void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
     const double now = MonotonicSeconds();
     if (now >= next_liveness) {
       next_liveness = now + kLivenessPeriodS;
-      Status stalled = CheckStalled(comm, oldest, now);
+      Status stalled = CheckStalled(group, oldest, now);
       if (!stalled.ok()) {
-        FailAll(st.get(), comm->Fail(stalled));
+        FailAll(st.get(), group.Fail(stalled));
         continue;
       }
     }
-    comm->WaitForChange(seen, kLivenessPeriodS);
+    group.WaitForChange(seen, kLivenessPeriodS);
   }
 }
 
@@ -166,10 +168,10 @@ std::unique_ptr<CollectiveScheduler> CollectiveScheduler::Start(
   auto state = std::make_shared<State>();
   state->comm = std::move(comm);
   state->thread = std::thread(Loop, state);
-  return std::make_unique<CollectiveScheduler>(Key(), std::move(state));
+  return std::make_unique<CollectiveScheduler>(Token(), std::move(state));
 }
 
-CollectiveScheduler::CollectiveScheduler(Key, std::shared_ptr<State> state)
+CollectiveScheduler::CollectiveScheduler(Token, std::shared_ptr<State> state)
     : state_(std::move(state)) {}
 
 CollectiveScheduler::~CollectiveScheduler() {
@@ -188,7 +190,7 @@ CollectiveScheduler::~CollectiveScheduler() {
 
 void CollectiveScheduler::Submit(const std::string& key, const std::string& what,
                                  Run run, Done done) {
-  Status failure = state_->comm->JobFailure();
+  Status failure = state_->comm->group().Failure();
   if (!failure.ok()) {
     done(failure);  // fail fast: the job stopped at an earlier error
     return;
@@ -206,7 +208,7 @@ void CollectiveScheduler::Submit(const std::string& key, const std::string& what
     state_->items.push_back(std::move(item));
   }
   state_->cv.notify_one();
-  state_->comm->Poke();  // the thread may sleep on the box rather than on cv
+  state_->comm->group().Poke();  // the thread may sleep on the box rather than on cv
 }
 
 Communicator* CollectiveScheduler::comm() const { return state_->comm.get(); }

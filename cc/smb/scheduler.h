@@ -54,12 +54,12 @@ class CollectiveScheduler {
   Communicator* comm() const;
 
   struct State;  // shared with the thread, which may outlive this object
-  // Only Start() can make the key: use it.
-  class Key {
+  // Only Start() can make the token: use it.
+  class Token {
     friend class CollectiveScheduler;
-    Key() = default;
+    Token() = default;
   };
-  CollectiveScheduler(Key, std::shared_ptr<State> state);
+  CollectiveScheduler(Token, std::shared_ptr<State> state);
 
  private:
   std::shared_ptr<State> state_;

@@ -290,15 +290,18 @@ def scenario_shared_sums(strategy, a):
     big = [tf.fill([100_000], float(rank + 1))]
     total = world * (world + 1) / 2
 
+    # Every rank calls the collective from the same call site (a graph's
+    # collectives are matched by it); only rank 0 doubles the sum in the graph.
     @tf.function
-    def sum_then_double(xs):
-        return tf_smb.allreduce(xs)[0] * 2.0
+    def sum_then_maybe_double(xs, double):
+        total_sum = tf_smb.allreduce(xs)[0]
+        return total_sum * 2.0 if double else total_sum
 
     if rank == 0:
-        first_added = float(sum_then_double(big)[0])
+        first_added = float(sum_then_maybe_double(big, True)[0])
         mine = None
     else:
-        mine = tf_smb.allreduce(big)[0]
+        mine = sum_then_maybe_double(big, False)
         first_added = None
     tf_smb.barrier()
     untouched = None if mine is None else bool(np.all(mine.numpy() == total))

@@ -1,0 +1,190 @@
+#include "cc/smb/algorithms/partitioned_allreduce.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "cc/smb/algorithms/pieces.h"
+
+namespace smb {
+namespace {
+
+size_t AlignTo64(size_t n) { return (n + 63) / 64 * 64; }
+
+// dst (and copy, if not null) = srcs[0] + srcs[1] + ... in rank order, n
+// elements. Sums a small block at a time in a local buffer, so dst may be
+// any of the sources and the block stays in L1.
+void SumRanks(DType dtype, const std::vector<const char*>& srcs, char* dst, char* copy,
+              size_t n) {
+  alignas(64) char block[16384];
+  const size_t elem = DTypeSize(dtype);
+  const size_t per = sizeof block / elem;
+  for (size_t i = 0; i < n; i += per) {
+    const size_t m = std::min(per, n - i);
+    const size_t at = i * elem;
+    SumInto(dtype, block, srcs[0] + at, srcs[1] + at, m);
+    for (size_t q = 2; q < srcs.size(); ++q) SumInto(dtype, block, block, srcs[q] + at, m);
+    std::memcpy(dst + at, block, m * elem);
+    if (copy != nullptr) std::memcpy(copy + at, block, m * elem);
+  }
+}
+
+// One rank: every sum is the input itself.
+void CopyThrough(const std::vector<TensorRef>& tensors) {
+  for (const TensorRef& t : tensors) {
+    if (t.in != t.out) std::memcpy(t.out, t.in, NumBytes(t));
+  }
+}
+
+// The reduction of tensors that passed Agree(); with `shared_out` the
+// outputs are in a result buffer every rank reads.
+Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool shared_out) {
+  Peers* peers = group.peers();
+  const int world = group.world(), rank = group.rank();
+  const size_t staging = peers->staging_bytes();
+  std::vector<const char*> sources(world);
+  // One pass per dtype over all tensors of that dtype: tensor fusion.
+  for (int32_t code = 1; code <= kNumDTypes; ++code) {
+    const DType dtype = static_cast<DType>(code);
+    const size_t elem = DTypeSize(dtype);
+    std::vector<Piece> pieces;
+    size_t total = 0;
+    for (const TensorRef& t : tensors) {
+      if (t.dtype != dtype) continue;
+      const size_t bytes = NumBytes(t);
+      if (bytes == 0) continue;
+      pieces.push_back({static_cast<const char*>(t.in), static_cast<char*>(t.out), bytes});
+      total += bytes;
+    }
+    const size_t chunk = staging / elem * elem;
+    for (size_t offset = 0; offset < total; offset += chunk) {
+      const size_t len = std::min(chunk, total - offset);
+      const int buffer = group.NextStagingBuffer();
+      // Rank q sums bytes [lo(q), lo(q + 1)) of the chunk for everyone.
+      const size_t n = len / elem;
+      auto lo = [&](int q) { return n * q / world * elem; };
+      const size_t my_lo = lo(rank), my_hi = lo(rank + 1);
+      char* mine = peers->staging(buffer, rank);
+      GatherBytes(pieces, offset, my_lo, mine);
+      GatherBytes(pieces, offset + my_hi, len - my_hi, mine + my_hi);
+      SMB_RETURN_IF_ERROR(group.Sync("allreduce (staging)"));
+      ForRange(pieces, offset + my_lo, my_hi - my_lo,
+               [&](const Piece& p, size_t at, size_t pos, size_t bytes) {
+                 for (int q = 0; q < world; ++q) {
+                   sources[q] = q == rank ? p.in + at : peers->staging(buffer, q) + my_lo + pos;
+                 }
+                 // Copied out, the others take this slice from my staging.
+                 SumRanks(dtype, sources, p.out + at,
+                          shared_out ? nullptr : mine + my_lo + pos, bytes / elem);
+               });
+      if (shared_out) continue;
+      SMB_RETURN_IF_ERROR(group.Sync("allreduce (reduction)"));
+      for (int q = 0; q < world; ++q) {
+        if (q == rank) continue;
+        ScatterBytes(peers->staging(buffer, q) + lo(q), offset + lo(q), lo(q + 1) - lo(q),
+                     pieces);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// Rank 0: a free result buffer of at least `bytes`, now held by every rank;
+// -1 when none is free or the heap is full.
+int TakeResultBuffer(Group& group, size_t bytes) {
+  Peers* peers = group.peers();
+  ResultBuffer* results = peers->control()->results;
+  int best = -1;   // the smallest free buffer that fits
+  int spare = -1;  // else a free buffer to give new memory: unused ones first
+  for (int k = 0; k < kMaxResults; ++k) {
+    ResultBuffer& b = results[k];
+    if (b.holders.load(std::memory_order_acquire) != 0) continue;
+    if (b.bytes >= bytes && (best < 0 || b.bytes < results[best].bytes)) best = k;
+    if (spare < 0 || b.bytes < results[spare].bytes) spare = k;
+  }
+  if (best < 0 && spare >= 0) {
+    // The heap never shrinks: the spare's old memory (if any) stays unused.
+    uint64_t offset = 0;
+    const uint64_t grown = (bytes + (size_t{1} << 20) - 1) / (size_t{1} << 20) * (size_t{1} << 20);
+    if (peers->AllocateShared(grown, "an all-reduce result buffer", &offset).ok()) {
+      results[spare].offset = offset;
+      results[spare].bytes = grown;
+      best = spare;
+    }
+  }
+  if (best >= 0) results[best].holders.store(group.world(), std::memory_order_relaxed);
+  return best;
+}
+
+}  // namespace
+
+ResultHold::~ResultHold() {
+  peers_->control()->results[buffer_].holders.fetch_sub(1, std::memory_order_release);
+}
+
+Status AllReduceSum(Group& group, const std::vector<TensorRef>& tensors) {
+  SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
+  if (group.world() == 1) {
+    CopyThrough(tensors);
+    return Status::Ok();
+  }
+  SMB_RETURN_IF_ERROR(group.Agree("allreduce", Describe("allreduce", tensors)));
+  return ReduceChunks(group, tensors, /*shared_out=*/false);
+}
+
+Status AllReduceSumShared(Group& group, std::vector<TensorRef> tensors,
+                          const OutputBinder& bind_outputs, std::vector<void*>* sums,
+                          std::shared_ptr<ResultHold>* hold) {
+  sums->clear();
+  hold->reset();
+  SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
+  if (group.world() == 1) {
+    SMB_RETURN_IF_ERROR(bind_outputs(&tensors));
+    CopyThrough(tensors);
+    return Status::Ok();
+  }
+  // Where each sum goes in a result buffer: 64-byte aligned, as TensorFlow
+  // wants tensor data.
+  std::vector<size_t> at(tensors.size());
+  size_t need = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    at[i] = need;
+    need = AlignTo64(need + NumBytes(tensors[i]));
+  }
+  Peers* peers = group.peers();
+  GroupControl* g = peers->control();
+  const int parity = group.AgreeParity();
+  int choice = -1;
+  if (group.rank() == 0) {
+    choice = need >= kSharedResultMinBytes ? TakeResultBuffer(group, need) : -1;
+    g->ranks[0].result_choice[parity].store(choice, std::memory_order_relaxed);
+  }
+  Status agreed = group.Agree("allreduce", Describe("allreduce", tensors));
+  if (!agreed.ok()) {
+    // No rank took a hold; give the buffer back.
+    if (choice >= 0) g->results[choice].holders.store(0);
+    return agreed;
+  }
+  choice = g->ranks[0].result_choice[parity].load(std::memory_order_acquire);
+  if (choice < 0) {
+    Status bound = bind_outputs(&tensors);
+    if (!bound.ok()) {
+      // The others are inside the collective already: fail them too, now.
+      return group.Fail(Status(bound.code(), "rank " + std::to_string(group.rank()) +
+                                                 " could not allocate all-reduce outputs: " +
+                                                 bound.message()));
+    }
+    return ReduceChunks(group, tensors, /*shared_out=*/false);
+  }
+  *hold = std::make_shared<ResultHold>(group.shared_peers(), choice);
+  char* base = peers->base() + g->results[choice].offset;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    tensors[i].out = base + at[i];
+    sums->push_back(tensors[i].out);
+  }
+  SMB_RETURN_IF_ERROR(ReduceChunks(group, tensors, /*shared_out=*/true));
+  // Every rank's slices are in the buffer before anyone reads them.
+  return group.Sync("allreduce (result)");
+}
+
+}  // namespace smb

@@ -1,0 +1,241 @@
+#include "cc/smb/group.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cc/smb/hash.h"
+#include "cc/smb/process.h"
+
+namespace smb {
+namespace {
+
+constexpr int kSpinIterations = 2000;
+constexpr double kLivenessPeriodS = 0.02;  // how often waiters look for gone peers
+constexpr double kMaxSleepS = 0.01;
+constexpr size_t kDescTextBytes = kDescBytes - 16;
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
+Group::Group(std::shared_ptr<Peers> peers, double timeout_s)
+    : peers_(std::move(peers)),
+      rank_(peers_ ? peers_->rank() : 0),
+      world_(peers_ ? peers_->world() : 1),
+      timeout_s_(timeout_s) {}
+
+Status Group::Failure() const {
+  if (!peers_) return Status::Ok();
+  const GroupControl* g = control();
+  if (g->aborted.load(std::memory_order_acquire) != 2) return Status::Ok();
+  // The code of the failure that stopped the group, so that every rank (and
+  // every later call) sees the original error, not a generic one.
+  return Status(static_cast<Code>(g->abort_code.load(std::memory_order_acquire)),
+                std::string("job aborted: ") + g->abort_reason);
+}
+
+Status Group::Fail(const Status& failure) {
+  if (!peers_ || failure.ok()) return failure;
+  GroupControl* g = control();
+  uint32_t expected = 0;
+  // First failure wins; 1 = writing the reason, 2 = reason readable.
+  if (g->aborted.compare_exchange_strong(expected, 1)) {
+    std::strncpy(g->abort_reason, failure.message().c_str(), sizeof g->abort_reason - 1);
+    g->abort_code.store(static_cast<int32_t>(failure.code()), std::memory_order_relaxed);
+    g->aborted.store(2, std::memory_order_release);
+    Poke();
+  }
+  return failure;
+}
+
+Status Group::Sync(const std::string& what) {
+  if (world_ == 1) return Status::Ok();
+  GroupControl* g = control();
+  const uint64_t target = ++seq_;
+  g->ranks[rank_].arrive_seq.store(target, std::memory_order_release);
+  Poke();
+
+  const double start = MonotonicSeconds();
+  const double timeout = timeout_s();
+  const double deadline = start + timeout;
+  double next_liveness = start + kLivenessPeriodS;
+  int spins = 0;
+  for (;;) {
+    const uint32_t wake = g->wake.load(std::memory_order_acquire);
+    Status failed = Failure();
+    if (!failed.ok()) return failed;
+    bool all = true;
+    for (int r = 0; r < world_ && all; ++r) {
+      all = g->ranks[r].arrive_seq.load(std::memory_order_acquire) >= target;
+    }
+    if (all) return Status::Ok();
+    if (spins < kSpinIterations) {
+      ++spins;
+      CpuRelax();
+      continue;
+    }
+    const double now = MonotonicSeconds();
+    if (now >= next_liveness) {
+      next_liveness = now + kLivenessPeriodS;
+      for (int r = 0; r < world_; ++r) {
+        if (g->ranks[r].arrive_seq.load() < target && peers_->Gone(r)) {
+          return Fail(Status(Code::kAborted, peers_->Name(r) + " exited or died; rank " +
+                                                 std::to_string(rank_) +
+                                                 " was waiting for it in " + what));
+        }
+      }
+    }
+    if (now >= deadline) {
+      std::string missing;
+      for (int r = 0; r < world_; ++r) {
+        if (g->ranks[r].arrive_seq.load() < target) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+      }
+      return Fail(Status(Code::kDeadlineExceeded,
+                         "rank " + std::to_string(rank_) + " timed out after " +
+                             std::to_string(static_cast<int>(timeout)) + "s in " + what +
+                             " waiting for rank(s) " + missing));
+    }
+    FutexWait(&g->wake, wake, std::min(kMaxSleepS, deadline - now));
+  }
+}
+
+Status Group::Agree(const std::string& op, const std::string& desc) {
+  if (world_ == 1) return Status::Ok();
+  GroupControl* g = control();
+  const int parity = static_cast<int>(collectives_++ & 1);
+  char* slot = g->ranks[rank_].desc[parity];
+  const uint64_t hash = StableHash(desc);
+  const uint32_t len = static_cast<uint32_t>(std::min(desc.size(), kDescTextBytes - 1));
+  std::memcpy(slot, &hash, sizeof hash);
+  std::memcpy(slot + 8, &len, sizeof len);
+  std::memcpy(slot + 12, desc.data(), len);
+  slot[12 + len] = '\0';
+  SMB_RETURN_IF_ERROR(Sync(op));
+  uint64_t root_hash;
+  std::memcpy(&root_hash, g->ranks[0].desc[parity], sizeof root_hash);
+  for (int r = 1; r < world_; ++r) {
+    const char* other = g->ranks[r].desc[parity];
+    uint64_t other_hash;
+    std::memcpy(&other_hash, other, sizeof other_hash);
+    if (other_hash != root_hash) {
+      // Every rank reaches the same verdict from the same slots: no hang.
+      return InvalidArgument("ranks disagree on a collective: rank 0 called " +
+                             std::string(g->ranks[0].desc[parity] + 12) + "; rank " +
+                             std::to_string(r) + " called " + std::string(other + 12));
+    }
+  }
+  return Status::Ok();
+}
+
+bool Group::RankGone(int rank) const { return peers_ && peers_->Gone(rank); }
+
+int Group::GoneRank() const {
+  for (int r = 0; r < world_; ++r) {
+    if (RankGone(r)) return r;
+  }
+  return -1;
+}
+
+Status Group::WaitUntil(const std::string& what, const std::function<bool()>& done,
+                        const std::function<std::string()>& lagging) {
+  if (world_ == 1) return Status::Ok();
+  GroupControl* g = control();
+  const double timeout = timeout_s();
+  const double deadline = MonotonicSeconds() + timeout;
+  for (;;) {
+    const uint32_t wake = g->wake.load(std::memory_order_acquire);
+    Status failed = Failure();
+    if (!failed.ok()) return failed;
+    if (done()) return Status::Ok();
+    const double now = MonotonicSeconds();
+    if (now >= deadline) {
+      return Status(Code::kDeadlineExceeded,
+                    "rank " + std::to_string(rank_) + " timed out after " +
+                        std::to_string(static_cast<int>(timeout)) + "s in " + what +
+                        " waiting for rank(s) " + lagging());
+    }
+    // Gone ranks never wake us: re-check liveness at least every period.
+    FutexWait(&g->wake, wake, std::min(kLivenessPeriodS, deadline - now));
+  }
+}
+
+void Group::Poke() {
+  if (!peers_) return;
+  GroupControl* g = control();
+  g->wake.fetch_add(1, std::memory_order_acq_rel);
+  FutexWakeAll(&g->wake);
+}
+
+uint32_t Group::WakeWord() const {
+  return peers_ ? control()->wake.load(std::memory_order_acquire) : 0;
+}
+
+void Group::WaitForChange(uint32_t seen, double seconds) const {
+  if (peers_) FutexWait(&control()->wake, seen, seconds);
+}
+
+void Group::PublishPending(const std::vector<uint64_t>& keys) {
+  if (!peers_) return;
+  RankControl& mine = control()->ranks[rank_];
+  const size_t n = std::min<size_t>(keys.size(), kMaxPending);
+  // Rank 0 may read while this changes; it can then see a key this rank ran
+  // already, which it never picks (it picks among its own waiting keys, and
+  // every key is run once), or miss a new one until the next look.
+  for (size_t i = 0; i < n; ++i) mine.pending[i].store(keys[i], std::memory_order_relaxed);
+  mine.pending_count.store(static_cast<uint32_t>(n), std::memory_order_release);
+  Poke();
+}
+
+bool Group::NextCollective(const std::vector<uint64_t>& mine, uint64_t* key) {
+  if (world_ == 1) {
+    if (mine.empty()) return false;
+    *key = mine.front();
+    return true;
+  }
+  GroupControl* g = control();
+  const int slot = static_cast<int>(decided_ & 1);
+  if (rank_ == 0) {
+    for (uint64_t k : mine) {
+      if (!RanksWithout(k).empty()) continue;
+      g->decision_key[slot].store(k, std::memory_order_relaxed);
+      g->decision_seq[slot].store(decided_ + 1, std::memory_order_release);
+      ++decided_;
+      Poke();
+      *key = k;
+      return true;
+    }
+    return false;
+  }
+  if (g->decision_seq[slot].load(std::memory_order_acquire) != decided_ + 1) return false;
+  *key = g->decision_key[slot].load(std::memory_order_relaxed);
+  ++decided_;
+  return true;
+}
+
+std::string Group::RanksWithout(uint64_t key) const {
+  std::string missing;
+  if (!peers_) return missing;
+  const GroupControl* g = control();
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    const RankControl& slot = g->ranks[r];
+    const uint32_t n =
+        std::min<uint32_t>(slot.pending_count.load(std::memory_order_acquire), kMaxPending);
+    bool found = false;
+    for (uint32_t i = 0; i < n && !found; ++i) {
+      found = slot.pending[i].load(std::memory_order_relaxed) == key;
+    }
+    if (!found) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return missing;
+}
+
+}  // namespace smb

@@ -1,0 +1,96 @@
+// The ranks of a job as one rank sees them: barriers, agreement on what every
+// rank is about to do, failure that stops every rank alike, and which
+// collective runs next. Written against Peers (peers.h), so it works the
+// same for processes sharing a box and for threads of one process.
+//
+//   smb::Group group(peers, /*timeout_s=*/600);
+//   SMB_RETURN_IF_ERROR(group.Agree("allreduce", "allreduce of 2 tensors: ..."));
+//   SMB_RETURN_IF_ERROR(group.Sync("allreduce (staging)"));
+//
+// Calls that wait (Sync, Agree, WaitUntil) come from one thread at a time;
+// the clock's waits (clock.h) may run on other threads, since they use only
+// WaitUntil's read-only checks and atomics.
+#ifndef TF_SMB_CC_SMB_GROUP_H_
+#define TF_SMB_CC_SMB_GROUP_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/smb/peers.h"
+#include "cc/smb/status.h"
+
+namespace smb {
+
+class Group {
+ public:
+  // `peers` null: a group of one (every call succeeds at once).
+  Group(std::shared_ptr<Peers> peers, double timeout_s);
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  Peers* peers() const { return peers_.get(); }
+  const std::shared_ptr<Peers>& shared_peers() const { return peers_; }
+  double timeout_s() const { return timeout_s_.load(std::memory_order_relaxed); }
+  void set_timeout(double seconds) { timeout_s_.store(seconds, std::memory_order_relaxed); }
+
+  // Arrives at the next barrier and waits for every rank to arrive too.
+  Status Sync(const std::string& what);
+  // Publishes `desc`, syncs, and fails on every rank alike if any rank
+  // published another description ("ranks disagree on a collective: ...").
+  Status Agree(const std::string& op, const std::string& desc);
+  // The parity of the next Agree: per-collective slots (result_choice) use it.
+  int AgreeParity() const { return static_cast<int>(collectives_ & 1); }
+  // Which staging buffer (0 or 1) the next chunk uses: double buffering.
+  int NextStagingBuffer() { return static_cast<int>(chunks_++ & 1); }
+
+  // Waits until done() holds, re-checking whenever the group's control words
+  // change; fails on the group's failure, or after the timeout naming the
+  // ranks that lagging() lists.
+  Status WaitUntil(const std::string& what, const std::function<bool()>& done,
+                   const std::function<std::string()>& lagging);
+  bool RankGone(int rank) const;
+  // The first rank found gone, or -1.
+  int GoneRank() const;
+  // Wakes every rank's waiters (something this rank publishes changed).
+  void Poke();
+  uint32_t WakeWord() const;
+  // Returns when the control words change (after WakeWord() gave `seen`), or
+  // after `seconds`.
+  void WaitForChange(uint32_t seen, double seconds) const;
+
+  // Stops the group's collectives for good: every rank's current and later
+  // collectives fail with this error (the first failure wins).
+  Status Fail(const Status& failure);
+  // OK while the group runs; the failure that stopped it afterwards.
+  Status Failure() const;
+
+  // ---- Which collective runs next (see scheduler.h) ----
+  // Publishes the keys of this rank's waiting collectives, oldest first.
+  void PublishPending(const std::vector<uint64_t>& keys);
+  // True once the group's next collective is chosen, with its key: rank 0
+  // chooses the oldest of `mine` (its waiting keys) that every rank has
+  // published; the others read rank 0's choice. False: not yet.
+  bool NextCollective(const std::vector<uint64_t>& mine, uint64_t* key);
+  // The ranks that have not published `key`, e.g. "1, 2".
+  std::string RanksWithout(uint64_t key) const;
+
+ private:
+  GroupControl* control() const { return peers_->control(); }
+
+  std::shared_ptr<Peers> peers_;
+  int rank_;
+  int world_;
+  std::atomic<double> timeout_s_;
+  uint64_t seq_ = 0;          // barriers passed
+  uint64_t collectives_ = 0;  // Agree() calls, for descriptor parity
+  uint64_t chunks_ = 0;       // chunks moved, for staging buffer parity
+  uint64_t decided_ = 0;      // collectives whose turn NextCollective found
+};
+
+}  // namespace smb
+
+#endif  // TF_SMB_CC_SMB_GROUP_H_
