@@ -232,12 +232,13 @@ def run_fit_worker(kind: str, models: Sequence[str], epochs: int, batch: int,
             timers[name] = EpochTimer()
         if len(nets) == 1:
             (name, net), = nets.items()
-            net.fit(dataset, epochs=epochs, verbose=0, callbacks=[timers[name]])
+            net.fit(dataset, epochs=epochs, shuffle=False, verbose=0, callbacks=[timers[name]])
         else:  # one epoch each in turn, the order rotating: all see the same load
             for epoch in range(epochs):
                 order = list(nets)[epoch % len(nets):] + list(nets)[:epoch % len(nets)]
                 for name in order:
-                    nets[name].fit(dataset, epochs=1, verbose=0, callbacks=[timers[name]])
+                    nets[name].fit(dataset, epochs=1, shuffle=False, verbose=0,
+                                   callbacks=[timers[name]])
         for name, timer in timers.items():
             print(RESULT_TAG + json.dumps({
                 "kind": name, "model": model, "rank": rank,

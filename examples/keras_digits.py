@@ -31,6 +31,9 @@ from typing import NamedTuple, Sequence
 # final partial batch has fewer examples than there are workers (e.g. -np 3).
 # Must be set before TensorFlow loads; export TF_ENABLE_ONEDNN_OPTS=1 to override.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+# No TensorFlow C++ INFO banners (CPU features) on every worker; warnings stay.
+# `python -m tf_smb.run` sets the same default for its workers.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from absl import app, flags  # noqa: E402
 import numpy as np  # noqa: E402
@@ -162,7 +165,8 @@ def main(argv: Sequence[str]) -> None:
     test_ds = (tf.data.Dataset.from_tensor_slices((data.x_test, data.y_test))
                .batch(FLAGS.batch_size))
 
-    model.fit(train_ds, epochs=FLAGS.epochs, verbose=2 if rank == 0 else 0)
+    # shuffle=False: the dataset shuffles itself (Keras would ignore, and warn).
+    model.fit(train_ds, epochs=FLAGS.epochs, shuffle=False, verbose=2 if rank == 0 else 0)
     results = model.evaluate(test_ds, verbose=0, return_dict=True)
     print(f"test loss: {results['loss']:.4f}")
     print(f"test accuracy: {results['accuracy']:.4f}")

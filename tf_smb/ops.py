@@ -32,14 +32,9 @@ DEFAULT_HEAP_BYTES = 4 << 30  # sparse: only what segments use costs memory
 def _library():
     global _LIB
     if _LIB is None:
-        here = os.path.dirname(os.path.abspath(__file__))
-        candidates = sorted(glob.glob(os.path.join(here, "_smb_ops*.so")))
-        if not candidates:
-            raise ImportError(
-                f"tf_smb's op library is not built (no _smb_ops*.so in {here}); "
-                "install with `pip install --no-build-isolation .` or run "
-                "`python setup.py build_ext --inplace`")
-        _LIB = tf.load_op_library(candidates[0])
+        # Built for the running TensorFlow at install time, or compiled on first use.
+        from tf_smb import op_library
+        _LIB = op_library.load()
     return _LIB
 
 

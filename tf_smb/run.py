@@ -1,8 +1,10 @@
 """Job launcher: ``python -m tf_smb.run -np N [--timeout S] [--staging-bytes B] [--] COMMAND...``.
 
 Creates the job's shared-memory box, starts N copies of COMMAND with TF_SMB_RANK,
-TF_SMB_SIZE and TF_SMB_JOB_ID set, prints their merged output prefixed with
-``[rank]: `` and, when one worker fails, stops the others and names the failing rank.
+TF_SMB_SIZE and TF_SMB_JOB_ID set (and TF_CPP_MIN_LOG_LEVEL=1 unless set: no
+TensorFlow INFO banners from every worker), prints their merged output prefixed
+with ``[rank]: `` and, when one worker fails, stops the others and names the
+failing rank.
 """
 from __future__ import annotations
 
@@ -17,11 +19,20 @@ import threading
 import time
 from typing import Deque, List, Optional, Sequence
 
-from tf_smb import _box
+try:
+    from tf_smb import _box
+except ImportError as e:  # e.g. a source checkout whose extensions are not built
+    raise ImportError(
+        f"tf_smb's C++ module tf_smb._box is missing or does not load ({e}). Build "
+        "it: `pip install .` in the tf_smb source checkout (or `bash tools/install.sh`), "
+        "or `python setup.py build_ext --inplace` to build it in the checkout") from e
 
 POLL_S = 0.05        # how often the workers are polled
 TERM_GRACE_S = 5.0   # how long stopped workers get between SIGTERM and SIGKILL
 TAIL_LINES = 20      # lines of each worker's output kept for the failure summary
+# Worker environment defaults, each unless already set: TensorFlow's C++ log
+# level 1 drops the INFO banners every worker would print (warnings stay).
+WORKER_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "1"}
 _PREFIX = "tf_smb.run: "
 
 
@@ -181,7 +192,8 @@ def _run_workers(args: argparse.Namespace, job_id: str, received: List[int]) -> 
     failures: List[_Worker] = []
     try:
         for rank in range(args.np):
-            env = dict(os.environ, TF_SMB_RANK=str(rank), TF_SMB_SIZE=str(args.np),
+            env = dict(WORKER_ENV_DEFAULTS)
+            env.update(os.environ, TF_SMB_RANK=str(rank), TF_SMB_SIZE=str(args.np),
                        TF_SMB_JOB_ID=job_id, TF_SMB_BOX_CREATED="1", PYTHONUNBUFFERED="1")
             if args.timeout is not None:
                 env["TF_SMB_TIMEOUT"] = repr(args.timeout)

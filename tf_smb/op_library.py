@@ -1,0 +1,363 @@
+"""Finds, or compiles, the SMB TensorFlow op library for the TensorFlow in use.
+
+A TensorFlow op library only works with the TensorFlow it was compiled against,
+so `load()` takes, in order:
+
+1. the library built at install time (``tf_smb/_smb_ops*.so``, built when
+   TensorFlow was importable during the build, e.g. ``pip install
+   --no-build-isolation .``), if its build record (a string compiled into it)
+   names the running TensorFlow version and the current sources;
+2. a library compiled earlier into the cache,
+   ``$TF_SMB_CACHE/ops/<TensorFlow version>-<key>/_smb_ops.so``
+   (``TF_SMB_CACHE`` defaults to ``~/.cache/tf_smb``; the key hashes the C++
+   sources and the compile flags);
+3. otherwise it compiles the library into the cache (once: concurrent
+   processes wait on a file lock) with ``$CXX`` (default ``g++``) and the
+   flags of ``tf.sysconfig``, which takes about a minute.
+
+``TF_SMB_COMPILE=0`` turns step 3 into an error, for machines that must not
+compile. The C++ sources ship inside the package (``tf_smb/_src/cc``); in a
+source checkout they are the checkout's ``cc/``.
+
+This module imports TensorFlow only when a function needs it, so setup.py can
+use `source_digest()` and `compile_library()` as well.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import fcntl
+import glob
+import hashlib
+import re
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from typing import Iterator, List, Optional, Sequence
+
+# Directories under the include root whose sources make up the op library.
+SOURCE_DIRS = ("cc/smb", "cc/ops", "cc/kernels")
+# The package directory the sources are copied into when a wheel is built.
+PACKAGED_SOURCES = "_src"
+# Starts the build record compiled into every library: "key=value;" pairs.
+BUILD_RECORD_TAG = b"TF_SMB_BUILD_RECORD:"
+LIBRARY_NAME = "_smb_ops.so"
+# Flags added to tf.sysconfig's (the same for install-time and on-import builds).
+EXTRA_COMPILE_FLAGS = ("-O3", "-DNDEBUG", "-fPIC", "-Wno-deprecated-declarations")
+EXTRA_LINK_FLAGS = ("-lpthread", "-lrt")
+# Seconds one compiler or linker run may take.
+COMPILE_TIMEOUT_S = 1800.0
+# How much of the compiler's output an error shows.
+ERROR_OUTPUT_CHARS = 8000
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_LIB: Optional[types.ModuleType] = None
+
+
+class OpLibraryError(ImportError):
+    """The op library cannot be found, compiled or loaded; the message says why."""
+
+
+def _import_tensorflow() -> types.ModuleType:
+    try:
+        import tensorflow as tf
+    except ImportError as e:
+        raise OpLibraryError(
+            "tf_smb needs TensorFlow, which is not installed here (tf_smb does not "
+            "install it, so that you can choose the build): run `pip install "
+            f"tensorflow` (or `pip install tensorflow-cpu`). Import error: {e}") from e
+    return tf
+
+
+def source_root() -> Optional[str]:
+    """The include root that holds ``cc/smb``, ``cc/ops`` and ``cc/kernels``, or None.
+
+    The copy packaged inside tf_smb (an installed wheel) comes first, then the
+    ``cc/`` of the source checkout the package sits in.
+    """
+    checkout = os.path.dirname(_PACKAGE_DIR)
+    candidates = [os.path.join(_PACKAGE_DIR, PACKAGED_SOURCES)]
+    if os.path.exists(os.path.join(checkout, "setup.py")):
+        candidates.append(checkout)
+    for root in candidates:
+        if all(os.path.isdir(os.path.join(root, d)) for d in SOURCE_DIRS):
+            return root
+    return None
+
+
+def source_files(root: str) -> List[str]:
+    """The op library's sources and headers under ``root``, as sorted relative paths."""
+    files = []
+    for d in SOURCE_DIRS:
+        for pattern in ("*.cc", "*.h"):
+            files.extend(os.path.relpath(p, root)
+                         for p in glob.glob(os.path.join(root, d, "**", pattern),
+                                            recursive=True))
+    return sorted(files)
+
+
+def source_digest(root: str) -> str:
+    """A hex SHA-256 of the op library's sources under ``root`` (names and contents)."""
+    h = hashlib.sha256()
+    for rel in source_files(root):
+        h.update(rel.encode() + b"\0")
+        with open(os.path.join(root, rel), "rb") as f:
+            h.update(f.read())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _compiler() -> List[str]:
+    return shlex.split(os.environ.get("CXX") or "g++")
+
+
+def _flags(tf: types.ModuleType) -> tuple:
+    return (list(tf.sysconfig.get_compile_flags()) + list(EXTRA_COMPILE_FLAGS),
+            list(tf.sysconfig.get_link_flags()) + list(EXTRA_LINK_FLAGS))
+
+
+def cache_root() -> str:
+    """``$TF_SMB_CACHE`` or ``~/.cache/tf_smb``: where compiled libraries are kept."""
+    return os.path.abspath(os.path.expanduser(
+        os.environ.get("TF_SMB_CACHE") or os.path.join("~", ".cache", "tf_smb")))
+
+
+def cache_dir(root: str, tf: Optional[types.ModuleType] = None) -> str:
+    """The cache directory for the sources under ``root`` and the running TensorFlow.
+
+    Its name is ``<TensorFlow version>-<key>``; the key hashes the sources, the
+    compiler command and the flags other than paths, so two environments with the
+    same TensorFlow version share one library.
+    """
+    tf = tf or _import_tensorflow()
+    compile_flags, link_flags = _flags(tf)
+    h = hashlib.sha256(source_digest(root).encode())
+    for flag in _compiler() + compile_flags + link_flags:
+        if not flag.startswith(("-I", "-L")):
+            h.update(flag.encode() + b"\0")
+    h.update(sys.platform.encode() + os.uname().machine.encode())
+    return os.path.join(cache_root(), "ops", f"{tf.__version__}-{h.hexdigest()[:16]}")
+
+
+def _run_tool(cmd: Sequence[str], what: str) -> None:
+    try:
+        proc = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=COMPILE_TIMEOUT_S, check=False)
+    except FileNotFoundError as e:
+        raise OpLibraryError(
+            f"tf_smb: cannot run the C++ compiler {cmd[0]!r} ({e}). Compiling the "
+            "TensorFlow op library needs a C++17 compiler: install g++ (e.g. "
+            "`apt-get install g++`) or name one in $CXX") from e
+    except subprocess.TimeoutExpired as e:
+        raise OpLibraryError(
+            f"tf_smb: {what} took more than {COMPILE_TIMEOUT_S:.0f} s; command: "
+            f"{shlex.join(cmd)}") from e
+    if proc.returncode != 0:
+        output = proc.stdout.decode("utf-8", errors="replace")
+        if len(output) > ERROR_OUTPUT_CHARS:
+            output = "...\n" + output[-ERROR_OUTPUT_CHARS:]
+        raise OpLibraryError(
+            f"tf_smb: {what} failed (exit code {proc.returncode}).\n"
+            f"Command: {shlex.join(cmd)}\nCompiler output:\n{output}")
+
+
+def compile_library(root: str, output: str, tf: Optional[types.ModuleType] = None,
+                    jobs: Optional[int] = None) -> None:
+    """Compiles the sources under ``root`` into the op library ``output``.
+
+    One compiler process per source file, ``jobs`` at a time (default: the CPUs
+    this process may use), then one link. The library carries a build record
+    (see `read_build_record`). Writes ``output`` directly; callers that need
+    atomicity pass a temporary name and rename it.
+
+    Raises:
+      OpLibraryError: the compiler is missing or fails (with its output).
+    """
+    tf = tf or _import_tensorflow()
+    compile_flags, link_flags = _flags(tf)
+    cxx = _compiler()
+    sources = [os.path.join(root, s) for s in source_files(root) if s.endswith(".cc")]
+    if not sources:
+        raise OpLibraryError(f"tf_smb: no C++ sources under {root}")
+    jobs = jobs or max(1, len(os.sched_getaffinity(0)))
+    with tempfile.TemporaryDirectory(prefix="tf_smb_ops_build_") as tmp:
+        record = os.path.join(tmp, "build_record.cc")
+        with open(record, "w") as f:
+            f.write(_build_record_source(tf.__version__, source_digest(root)))
+        sources.append(record)
+        objects = [os.path.join(tmp, f"{i}.o") for i in range(len(sources))]
+        commands = [cxx + compile_flags + ["-I", root, "-c", src, "-o", obj]
+                    for src, obj in zip(sources, objects)]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(_run_tool, cmd, f"compiling {os.path.basename(src)}")
+                       for cmd, src in zip(commands, sources)]
+            for future in futures:
+                future.result()  # the first failure, in source order
+        _run_tool(cxx + ["-shared", "-o", output] + objects + link_flags,
+                  "linking the op library")
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """Holds an exclusive fcntl lock on ``path`` (created if missing)."""
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _compile_allowed() -> bool:
+    return os.environ.get("TF_SMB_COMPILE", "1").strip().lower() not in ("0", "false", "no")
+
+
+def cached_library(root: str, tf: Optional[types.ModuleType] = None) -> str:
+    """The cached library for ``root``'s sources and the running TensorFlow, compiled
+    first if the cache lacks it; returns its path.
+
+    Processes that start together compile once: the first takes a file lock and
+    compiles into a temporary name that it renames into place; the others wait
+    for the lock and find the library.
+    """
+    tf = tf or _import_tensorflow()
+    directory = cache_dir(root, tf)
+    path = os.path.join(directory, LIBRARY_NAME)
+    if os.path.exists(path):
+        return path
+    if not _compile_allowed():
+        raise OpLibraryError(
+            f"tf_smb: the TensorFlow op library is not built for TensorFlow "
+            f"{tf.__version__} (nothing in {directory} and no matching library in "
+            f"{_PACKAGE_DIR}), and TF_SMB_COMPILE=0 forbids compiling it on import. "
+            "Unset TF_SMB_COMPILE, or build it at install time with TensorFlow "
+            "installed: `pip install --no-build-isolation .` (or `python setup.py "
+            "build_ext --inplace` in a source checkout)")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise OpLibraryError(
+            f"tf_smb: cannot create the op library cache {directory} ({e}); "
+            "set TF_SMB_CACHE to a writable directory") from e
+    with _locked(os.path.join(directory, ".lock")):
+        if os.path.exists(path):  # another process compiled it while we waited
+            return path
+        print(f"tf_smb: compiling the TensorFlow op library for TensorFlow "
+              f"{tf.__version__} (once, about a minute) into {directory} ...",
+              file=sys.stderr, flush=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".so", dir=directory)
+        os.close(fd)
+        try:
+            compile_library(root, tmp, tf)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return path
+
+
+def _build_record_source(tf_version: str, digest: str) -> str:
+    """C++ for the build record: which TensorFlow and sources the library is from."""
+    record = f"tensorflow={tf_version};sources={digest};"
+    if not re.fullmatch(r"[\w.+=;-]*", record):
+        raise OpLibraryError(f"tf_smb: unexpected TensorFlow version {tf_version!r}")
+    return ("// Generated by tf_smb/op_library.py.\n"
+            'extern "C" __attribute__((visibility("default"), used))\n'
+            f'const char tf_smb_build_record[] = "{BUILD_RECORD_TAG.decode()}{record}";\n')
+
+
+def read_build_record(library: str) -> Optional[dict]:
+    """The build record compiled into ``library`` as a dict (keys ``tensorflow``
+    and ``sources``), or None when the file is unreadable or has none."""
+    try:
+        with open(library, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    start = data.find(BUILD_RECORD_TAG)
+    if start < 0:
+        return None
+    end = data.find(b"\0", start)
+    text = data[start + len(BUILD_RECORD_TAG):end if end >= 0 else None].decode(
+        "ascii", errors="replace")
+    return dict(item.split("=", 1) for item in text.split(";") if "=" in item)
+
+
+def installed_library(root: Optional[str], tf_version: str) -> Optional[str]:
+    """The library built at install time, if its build record matches ``tf_version``
+    and (when the sources are at hand) the current sources; else None."""
+    for library in sorted(glob.glob(os.path.join(_PACKAGE_DIR, "_smb_ops*.so"))):
+        record = read_build_record(library)
+        if record is None or record.get("tensorflow") != tf_version:
+            continue
+        if root is not None and record.get("sources") != source_digest(root):
+            continue  # a checkout whose sources changed since the build
+        return library
+    return None
+
+
+def library_path() -> str:
+    """The path of an op library for the running TensorFlow, compiling it if needed.
+
+    Raises:
+      OpLibraryError: TensorFlow is missing, the sources are missing, or compiling
+        is impossible or fails.
+    """
+    tf = _import_tensorflow()
+    root = source_root()
+    library = installed_library(root, tf.__version__)
+    if library is not None:
+        return library
+    if root is None:
+        raise OpLibraryError(
+            f"tf_smb: no TensorFlow op library for TensorFlow {tf.__version__} in "
+            f"{_PACKAGE_DIR} and no C++ sources to compile one (expected "
+            f"{os.path.join(_PACKAGE_DIR, PACKAGED_SOURCES, 'cc')}). Reinstall tf_smb "
+            "(`pip install .` in its source checkout), or in a source checkout run "
+            "`python setup.py build_ext --inplace`")
+    return cached_library(root, tf)
+
+
+def load() -> types.ModuleType:
+    """Loads the op library for the running TensorFlow (once per process) and returns it.
+
+    Compiles it first when neither the install nor the cache has one (see the
+    module docstring).
+
+    Raises:
+      OpLibraryError: the library cannot be found, compiled or loaded.
+    """
+    global _LIB
+    if _LIB is None:
+        path = library_path()
+        tf = _import_tensorflow()
+        try:
+            _LIB = tf.load_op_library(path)
+        except (tf.errors.NotFoundError, OSError) as e:
+            raise OpLibraryError(
+                f"tf_smb: cannot load the TensorFlow op library {path} with "
+                f"TensorFlow {tf.__version__}: {e}. If TensorFlow changed since it "
+                "was built, reinstall tf_smb, or remove that file to have it "
+                "compiled again") from e
+    return _LIB
+
+
+def _main() -> int:
+    """``python -m tf_smb.op_library``: compiles (if needed) and prints the path."""
+    start = time.monotonic()
+    try:
+        load()
+    except OpLibraryError as e:
+        print(e, file=sys.stderr)
+        return 1
+    print(f"{library_path()} ({time.monotonic() - start:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
