@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 from typing import Any, Optional
+
+from tf_smb.keras_support import _owner
+from tf_smb.keras_support import data as data_lib
 
 # Keras phases: model.evaluate / predict run without training steps.
 _phase = threading.local()
@@ -24,47 +28,76 @@ def _eval_phase():
         _phase.eval_depth -= 1
 
 
-_ASYNC_HOOKED = False
+_HOOKED = False
 
 
 def _async_strategy(model) -> Optional[Any]:
     """The model's SMBStrategy when it trains asynchronously, else None."""
     from tf_smb.strategy import SMBStrategy  # pylint: disable=import-outside-toplevel
-    strategy = getattr(model, "_distribute_strategy", None)
+    strategy = _owner.multi_worker_strategy(model)
     if isinstance(strategy, SMBStrategy) and strategy.mode == "async":
         return strategy
     return None
 
 
-def install_async_hooks() -> None:
-    """Marks Keras' evaluation phases and finishes asynchronous training.
+@contextlib.contextmanager
+def _with_callback(fit, model, args, kwargs, callback):
+    """fit's (args, kwargs) with `callback` run first among the callbacks; a
+    CallbackList the caller passed gets it back out afterwards."""
+    import keras  # pylint: disable=import-outside-toplevel
+    bound = inspect.signature(fit).bind(model, *args, **kwargs)
+    given = bound.arguments.get("callbacks")
+    if isinstance(given, keras.callbacks.CallbackList):
+        given.callbacks.insert(0, callback)
+        callback.set_model(model)
+    else:
+        bound.arguments["callbacks"] = [callback, *(given or [])]
+    try:
+        yield bound.args[1:], bound.kwargs
+    finally:
+        if isinstance(given, keras.callbacks.CallbackList):
+            given.callbacks.remove(callback)
 
-    `fit` starts this worker's clock and, on return, waits for the others and
-    loads the box's final values; `evaluate` and `predict` (also when `fit`
-    validates) run without training steps and on all the data.
+
+def install_fit_hooks() -> None:
+    """Hooks keras.Model.fit/evaluate/predict for models of multi-worker
+    tf_smb strategies (idempotent); any other model runs Keras' own code.
+
+    `fit` shuffles arrays in one order on every worker (data.py). In async
+    mode, `fit` also starts this worker's clock and, on return, waits for the
+    others and loads the box's final values; `evaluate` and `predict` (also
+    when `fit` validates) run without training steps and on all the data.
     """
-    global _ASYNC_HOOKED
-    if _ASYNC_HOOKED:
+    global _HOOKED
+    if _HOOKED:
         return
-    _ASYNC_HOOKED = True
+    _HOOKED = True
     import keras  # pylint: disable=import-outside-toplevel
 
     from tf_smb import ops as smb_ops  # pylint: disable=import-outside-toplevel
 
+    data_lib.install_data_hooks()
     fit, evaluate, predict = keras.Model.fit, keras.Model.evaluate, keras.Model.predict
 
     @functools.wraps(fit)
     def fit_hook(self, *args, **kwargs):
-        strategy = _async_strategy(self)
-        if strategy is None:
-            return fit(self, *args, **kwargs)
-        smb_ops.clock_finish(False)
-        try:
-            history = fit(self, *args, **kwargs)
-        finally:
-            smb_ops.clock_finish(True)  # never hold the others back, even on error
-        strategy.finish_training()
-        return history
+        strategy = _owner.multi_worker_strategy(self)
+        # Entered for every model: one of another strategy (or none) fitted
+        # inside our fit's callbacks must shuffle as Keras does.
+        with contextlib.ExitStack() as stack:
+            order = stack.enter_context(data_lib.agreed_shuffle(strategy))
+            if order is not None:
+                args, kwargs = stack.enter_context(
+                    _with_callback(fit, self, args, kwargs, order.callback()))
+            if _async_strategy(self) is None:
+                return fit(self, *args, **kwargs)
+            smb_ops.clock_finish(False)
+            try:
+                history = fit(self, *args, **kwargs)
+            finally:
+                smb_ops.clock_finish(True)  # never hold the others back, even on error
+            strategy.finish_training()
+            return history
 
     def eval_hook(method):
         @functools.wraps(method)
@@ -78,3 +111,8 @@ def install_async_hooks() -> None:
     keras.Model.fit = fit_hook
     keras.Model.evaluate = eval_hook(evaluate)
     keras.Model.predict = eval_hook(predict)
+
+
+def install_async_hooks() -> None:
+    """Kept for callers from before install(): installs the fit hooks."""
+    install_fit_hooks()

@@ -1,21 +1,81 @@
-"""Rank 0 alone writes model files."""
+"""Rank 0 alone writes the files of models trained by several workers.
+
+Every worker of a multi-worker tf_smb strategy holds the same weights (sync),
+or its own recent view of the box's (async), and usually runs the same script:
+if all of them wrote `model.save(path)` or a ModelCheckpoint file at once, the
+file could be torn. For models created under such a strategy, workers other
+than rank 0 skip `model.save`, `keras.saving.save_model`, `model.save_weights`
+and `model.export` (and so ModelCheckpoint's and TensorBoard's writes) and say
+so once in the log. Loading is untouched: every worker may load.
+
+Every other model, on every rank, saves as Keras does. Saving does not wait
+for the other workers: before loading on rank > 0 what rank 0 just wrote,
+call `strategy.barrier()` on every worker.
+"""
 from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable
+
+from tf_smb.keras_support import _owner
+
+_HOOKED = False
+_told = threading.Event()
+
+
+def is_skipped_writer(model: Any) -> bool:
+    """True when `model` belongs to a multi-worker tf_smb strategy and this
+    worker is not rank 0, i.e. its model files are rank 0's to write."""
+    strategy = _owner.multi_worker_strategy(model)
+    return strategy is not None and strategy.rank != 0
+
+
+def _tell_once(model: Any, what: str) -> None:
+    if _told.is_set():
+        return
+    _told.set()
+    from absl import logging  # pylint: disable=import-outside-toplevel
+    strategy = _owner.multi_worker_strategy(model)
+    logging.warning(
+        "tf_smb: rank %d of %d writes no model files (%s and the like); rank 0 "
+        "writes them for all workers", strategy.rank, strategy.size, what)
+
+
+def _rank0_writes(method: Callable[..., Any], what: str) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def hook(model, *args, **kwargs):
+        if is_skipped_writer(model):
+            _tell_once(model, what)
+            return None
+        return method(model, *args, **kwargs)
+    return hook
+
+
+def install_saving_hooks() -> None:
+    """Installs the rank-0-writes hooks (idempotent)."""
+    global _HOOKED
+    if _HOOKED:
+        return
+    _HOOKED = True
+    import keras  # pylint: disable=import-outside-toplevel
+    from keras.src.saving import saving_api  # pylint: disable=import-outside-toplevel
+
+    for name in ("save", "save_weights", "export"):
+        setattr(keras.Model, name,
+                _rank0_writes(getattr(keras.Model, name), f"model.{name}"))
+    # The function behind model.save and its public names.
+    original = saving_api.save_model
+    hooked = _rank0_writes(original, "keras.saving.save_model")
+    saving_api.save_model = hooked
+    for module in (keras.saving, keras.models):
+        if getattr(module, "save_model", None) is original:
+            module.save_model = hooked
 
 
 def saves_on_rank0_only(rank: int) -> None:
-    """Keeps workers other than rank 0 from writing model files.
-
-    Every worker holds the same weights; if all wrote `model.save(path)` or a
-    ModelCheckpoint file at once, the file could be torn. Ranks > 0 skip the
-    write and return as if saved.
-    """
-    if rank == 0:
-        return
-    import keras  # pylint: disable=import-outside-toplevel
-
-    def skip(*args, **kwargs):
-        del args, kwargs
-
-    keras.Model.save = skip
-    keras.Model.save_weights = skip
-    keras.callbacks.ModelCheckpoint._save_model = skip  # pylint: disable=protected-access
+    """Kept for callers from before keras_support.install(); `rank` is unused
+    (each hook asks the model's own strategy)."""
+    del rank
+    from tf_smb.keras_support.hooks import install  # pylint: disable=import-outside-toplevel
+    install()

@@ -1,0 +1,34 @@
+"""Which Keras objects belong to a multi-worker tf_smb strategy.
+
+Every hook in keras_support asks this first and leaves everything else in the
+process exactly as Keras made it.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+def multi_worker_strategy(model: Any) -> Optional[Any]:
+    """The tf_smb strategy (SMBStrategy, HorovodStrategy) of 2 or more workers
+    that `model` was created under, else None.
+
+    Keras records the strategy in scope when a model is created
+    (`model._distribute_strategy`); `model.distribute_strategy` would also
+    answer with whatever strategy is in scope at the time of the call, so a
+    model built outside any strategy but saved inside `strategy.scope()` would
+    wrongly count as one of ours.
+    """
+    # Imported late: tf_smb.strategy imports this package.
+    from tf_smb.strategy import DataParallelStrategy  # pylint: disable=import-outside-toplevel
+    strategy = getattr(model, "_distribute_strategy", None)
+    if isinstance(strategy, DataParallelStrategy) and strategy.size > 1:
+        return strategy
+    return None
+
+
+def broadcast_int(strategy: Any, value: int) -> int:
+    """Rank 0's `value`, on every worker of `strategy` (an eager collective:
+    every worker must call it, in the same order)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    collectives = strategy.extended._collectives  # pylint: disable=protected-access
+    return int(collectives.broadcast([tf.constant(value, tf.int64)], root=0)[0])
