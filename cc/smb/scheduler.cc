@@ -140,6 +140,12 @@ void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
                                                            " '" + item.key + "')"))
                          : earlier;
       }
+      {
+        // Not busy before done(): whoever done() wakes may destroy the
+        // scheduler, which then joins this thread instead of leaving it.
+        std::lock_guard<std::mutex> lock(st->mu);
+        st->busy = false;
+      }
       item.done(s);
       continue;
     }

@@ -1,0 +1,247 @@
+// The core's collectives with ranks as threads of one process (ThreadGroup),
+// so ThreadSanitizer and AddressSanitizer see every rank at once
+// (tests/test_sanitizers.py builds and runs this under both):
+// partitioned all-reduce (copied out and kept in result buffers, chunked),
+// broadcast, barrier, agreement failures, the scheduler's agreed order with
+// collectives submitted from several threads in a different order on every
+// rank, failure that stops every rank, a rank that leaves, the step clock.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cc/smb/communicator.h"
+#include "cc/smb/scheduler.h"
+#include "cc/smb/transport/thread_peers.h"
+
+namespace {
+
+std::mutex failures_mu;
+int failures = 0;
+
+void Check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::lock_guard<std::mutex> lock(failures_mu);
+    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+    ++failures;
+  }
+}
+
+// Runs body(rank, comm) on `world` threads, each with its own Communicator.
+void RunRanks(int world, size_t staging, double timeout_s,
+              const std::function<void(int, std::shared_ptr<smb::Communicator>)>& body) {
+  smb::ThreadGroup group(world, staging, size_t{16} << 20);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&group, &body, r, timeout_s] {
+      body(r, smb::Communicator::Create(group.Join(r), timeout_s));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+std::string Where(const std::string& what, int world, int rank) {
+  return what + " (world " + std::to_string(world) + ", rank " + std::to_string(rank) + ")";
+}
+
+void TestAllReduceAndBroadcast(int world) {
+  // 256-byte staging: every tensor goes through in many chunks.
+  RunRanks(world, 256, 30, [world](int rank, std::shared_ptr<smb::Communicator> comm) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
+      std::vector<float> f(n), fout(n);
+      std::vector<int64_t> i(n + 3), iout(n + 3);
+      for (size_t k = 0; k < n; ++k) f[k] = static_cast<float>(k + rank);
+      for (size_t k = 0; k < n + 3; ++k) i[k] = static_cast<int64_t>(k * (rank + 1));
+      smb::Status s = comm->AllReduceSum(
+          {{smb::DType::kFloat32, {static_cast<int64_t>(n)}, f.data(), fout.data()},
+           {smb::DType::kInt64, {static_cast<int64_t>(n + 3)}, i.data(), iout.data()}});
+      Check(s.ok(), Where("all-reduce: " + s.ToString(), world, rank));
+      bool exact = true;
+      for (size_t k = 0; k < n; ++k) {
+        exact &= fout[k] == static_cast<float>(world * k + world * (world - 1) / 2);
+      }
+      for (size_t k = 0; k < n + 3; ++k) {
+        exact &= iout[k] == static_cast<int64_t>(k * world * (world + 1) / 2);
+      }
+      Check(exact, Where("all-reduce sums of " + std::to_string(n), world, rank));
+    }
+    for (int root = 0; root < world; ++root) {
+      std::vector<double> d(300, rank + 0.5), dout(300);
+      smb::Status s = comm->Broadcast(root, {{smb::DType::kFloat64, {300}, d.data(), dout.data()}});
+      Check(s.ok() && std::all_of(dout.begin(), dout.end(),
+                                  [root](double v) { return v == root + 0.5; }),
+            Where("broadcast from " + std::to_string(root), world, rank));
+    }
+    Check(comm->Barrier().ok(), Where("barrier", world, rank));
+  });
+}
+
+void TestSharedResults(int world) {
+  // Sums kept in result buffers: every rank reads the same memory; holds
+  // keep a buffer from reuse, so 9 held sums need 9 > 8 buffers: the 9th is
+  // copied out.
+  RunRanks(world, 4096, 30, [world](int rank, std::shared_ptr<smb::Communicator> comm) {
+    const size_t n = smb::kSharedResultMinBytes / sizeof(float);
+    std::vector<float> in(n, static_cast<float>(rank + 1));
+    std::vector<std::vector<float>> outs(9, std::vector<float>(n));
+    std::vector<std::shared_ptr<smb::ResultHold>> holds;
+    std::vector<const float*> sums;
+    for (int k = 0; k < 9; ++k) {
+      std::vector<void*> where;
+      std::shared_ptr<smb::ResultHold> hold;
+      auto bind = [&outs, k](std::vector<smb::TensorRef>* refs) {
+        (*refs)[0].out = outs[k].data();
+        return smb::Status::Ok();
+      };
+      smb::Status s = comm->AllReduceSumShared(
+          {{smb::DType::kFloat32, {static_cast<int64_t>(n)}, in.data(), nullptr}}, bind, &where,
+          &hold);
+      Check(s.ok(), Where("shared all-reduce: " + s.ToString(), world, rank));
+      Check((hold != nullptr) == (k < 8), Where("result buffer " + std::to_string(k), world, rank));
+      sums.push_back(hold ? static_cast<const float*>(where[0]) : outs[k].data());
+      holds.push_back(hold);
+    }
+    Check(comm->Barrier().ok(), Where("barrier", world, rank));
+    const float total = static_cast<float>(world * (world + 1) / 2);
+    for (const float* sum : sums) {
+      Check(std::all_of(sum, sum + n, [total](float v) { return v == total; }),
+            Where("held sums intact", world, rank));
+    }
+    holds.clear();
+    Check(comm->Barrier().ok(), Where("barrier after release", world, rank));
+  });
+}
+
+void TestDisagreementStopsEveryRank(int world) {
+  RunRanks(world, 1024, 30, [world](int rank, std::shared_ptr<smb::Communicator> comm) {
+    std::vector<float> a(3 + (rank == world - 1)), out(a.size());
+    smb::Status s = comm->AllReduceSum(
+        {{smb::DType::kFloat32, {static_cast<int64_t>(a.size())}, a.data(), out.data()}});
+    Check(s.code() == smb::Code::kInvalidArgument &&
+              s.message().find("ranks disagree") != std::string::npos,
+          Where("disagreement: " + s.ToString(), world, rank));
+  });
+}
+
+// Every rank submits the same keyed collectives from 3 threads of its own, in
+// an order shuffled differently on each rank: the scheduler pairs them by key.
+void TestSchedulerAgreesOrder(int world) {
+  RunRanks(world, 512, 30, [world](int rank, std::shared_ptr<smb::Communicator> comm) {
+    auto scheduler = smb::CollectiveScheduler::Start(comm);
+    constexpr int kKeys = 24;
+    std::vector<int> order(kKeys);
+    for (int k = 0; k < kKeys; ++k) order[k] = k;
+    std::mt19937 rng(1234 + rank);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<std::vector<float>> ins(kKeys), outs(kKeys);
+    std::vector<std::promise<smb::Status>> done(kKeys);
+    std::vector<std::future<smb::Status>> results;
+    for (auto& p : done) results.push_back(p.get_future());
+    std::vector<std::thread> submitters;
+    for (int t = 0; t < 3; ++t) {
+      submitters.emplace_back([&, t] {
+        for (int j = t; j < kKeys; j += 3) {
+          const int k = order[j];
+          ins[k].assign(100, static_cast<float>(k * 10 + rank));
+          outs[k].assign(100, 0.0f);
+          scheduler->Submit(
+              "key" + std::to_string(k), "allreduce",
+              [&ins, &outs, k](smb::Communicator* c) {
+                return c->AllReduceSum(
+                    {{smb::DType::kFloat32, {100}, ins[k].data(), outs[k].data()}});
+              },
+              [&done, k](const smb::Status& s) { done[k].set_value(s); });
+        }
+      });
+    }
+    for (std::thread& t : submitters) t.join();
+    for (int k = 0; k < kKeys; ++k) {
+      smb::Status s = results[k].get();
+      const float want = static_cast<float>(world * k * 10 + world * (world - 1) / 2);
+      Check(s.ok() && std::all_of(outs[k].begin(), outs[k].end(),
+                                  [want](float v) { return v == want; }),
+            Where("scheduled key" + std::to_string(k) + ": " + s.ToString(), world, rank));
+    }
+    // After a failure every later submission fails at once with it.
+    std::vector<float> bad(2 + rank), bad_out(bad.size());
+    std::promise<smb::Status> failed, later;
+    scheduler->Submit(
+        "bad", "allreduce",
+        [&](smb::Communicator* c) {
+          return c->AllReduceSum(
+              {{smb::DType::kFloat32, {static_cast<int64_t>(bad.size())}, bad.data(),
+                bad_out.data()}});
+        },
+        [&failed](const smb::Status& s) { failed.set_value(s); });
+    const smb::Status first = failed.get_future().get();
+    scheduler->Submit(
+        "after", "barrier", [](smb::Communicator* c) { return c->Barrier(); },
+        [&later](const smb::Status& s) { later.set_value(s); });
+    const smb::Status second = later.get_future().get();
+    Check(first.code() == smb::Code::kInvalidArgument,
+          Where("first failure: " + first.ToString(), world, rank));
+    Check(second.code() == smb::Code::kInvalidArgument &&
+              second.message().find("ranks disagree") != std::string::npos,
+          Where("later call fails fast with the first error: " + second.ToString(), world, rank));
+  });
+}
+
+void TestGoneRankFailsTheOthers() {
+  // Rank 1 leaves the group without calling the barrier: rank 0 fails at
+  // once naming it, not after the 30 s timeout.
+  smb::ThreadGroup group(2, 1024);
+  std::thread leaver([&group] { group.Join(1); });
+  leaver.join();
+  std::unique_ptr<smb::Communicator> comm = smb::Communicator::Create(group.Join(0), 30);
+  smb::Status s = comm->Barrier();
+  Check(s.code() == smb::Code::kAborted && s.message().find("rank 1") != std::string::npos,
+        "gone rank named: " + s.ToString());
+}
+
+void TestStepClock() {
+  // Staleness 1: rank 0 never gets more than 1 step ahead of rank 1.
+  std::atomic<int64_t> max_lead{0};
+  RunRanks(2, 1024, 30, [&max_lead](int rank, std::shared_ptr<smb::Communicator> comm) {
+    // The TF layer may change the timeout while another thread waits.
+    std::thread retimer([comm] {
+      for (int k = 0; k < 100; ++k) comm->set_timeout(30.0 + k);
+    });
+    for (int step = 0; step < 50; ++step) {
+      int64_t lead = 0;
+      Check(comm->clock().Tick(1, &lead).ok(), "clock tick");
+      if (rank == 0) {
+        int64_t seen = max_lead.load();
+        while (lead > seen && !max_lead.compare_exchange_weak(seen, lead)) {
+        }
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+    retimer.join();
+    comm->clock().Finish();
+    Check(comm->clock().WaitAllFinished().ok(), "wait all finished");
+  });
+  Check(max_lead.load() <= 1, "staleness bound held: lead " + std::to_string(max_lead.load()));
+}
+
+}  // namespace
+
+int main() {
+  for (int world : {2, 3}) {
+    TestAllReduceAndBroadcast(world);
+    TestSharedResults(world);
+    TestDisagreementStopsEveryRank(world);
+    TestSchedulerAgreesOrder(world);
+  }
+  TestGoneRankFailsTheOthers();
+  TestStepClock();
+  if (failures == 0) std::printf("collectives_test: all checks passed\n");
+  return failures == 0 ? 0 : 1;
+}
