@@ -16,6 +16,10 @@ How it plugs into TensorFlow and Keras 3 (see DESIGN.md section 3):
   * metric variables (synchronization=ON_READ) are SyncOnReadVariables, so a
     read outside a replica (Keras' final `evaluate` results) sums them over
     all workers;
+  * Keras optimizers created in the scope clip the gradient summed over
+    workers (tf_smb/keras_support/optimizer.py; Keras itself clips each
+    replica's part), and LossScaleOptimizer skips a step on every worker when
+    any worker's gradients are not finite;
   * SMBStrategy subclasses MultiWorkerMirroredStrategy's class only so that
     Keras 3 takes its multi-worker path for `predict` (gather rows from all
     workers) and per-step logs; none of that class's machinery is used.
@@ -23,7 +27,7 @@ How it plugs into TensorFlow and Keras 3 (see DESIGN.md section 3):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Literal, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.python.distribute import collective_all_reduce_strategy
@@ -40,6 +44,33 @@ from tf_smb import keras_support
 from tf_smb import ops as smb_ops
 
 _SUPPORTED_DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64)
+
+GradientClipping = Literal["after_sum", "per_worker"]
+_GRADIENT_CLIPPING = ("after_sum", "per_worker")
+
+
+def _check_gradient_clipping(value: Any) -> None:
+    if value not in _GRADIENT_CLIPPING:
+        raise ValueError(
+            f"gradient_clipping must be 'after_sum' or 'per_worker', got {value!r}")
+
+
+_ASYNC_REDUCE_HINT = (
+    "In SMBStrategy(mode='async') workers are not in step: each runs its own "
+    "steps at its own pace, so no other worker holds a matching value to combine "
+    "with, and a collective would wait forever or pair unrelated steps. Use this "
+    "worker's own value instead (strategy.experimental_local_results(value)[0]; "
+    "after strategy.run it is already a plain tensor), or run the reduction under "
+    "a synchronous strategy, e.g. evaluate with mode='sync' after training.")
+
+
+def _is_worker_local_read(value) -> bool:
+    """Reductions TensorFlow and Keras make internally in async mode, which
+    mean this worker's own value: reading a SyncOnRead variable (metrics), and
+    Keras reducing an input batch (PerReplica) only to learn its structure."""
+    flat = tf.nest.flatten(value)
+    return bool(flat) and all(
+        isinstance(v, (values_lib.SyncOnReadVariable, values_lib.PerReplica)) for v in flat)
 
 
 def _check_not_in_xla() -> None:
@@ -138,7 +169,11 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
 
     # -- variables ----------------------------------------------------------
     def _create_variable(self, next_creator, **kwargs):
-        synchronization = kwargs.get("synchronization")
+        if kwargs.get("synchronization",
+                      tf.VariableSynchronization.AUTO) == tf.VariableSynchronization.AUTO:
+            # As under MirroredStrategy: every worker writes its copy in step.
+            kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE
+        synchronization = kwargs["synchronization"]
         aggregation = kwargs.get("aggregation", tf.VariableAggregation.NONE)
         if (synchronization == tf.VariableSynchronization.ON_READ
                 and aggregation != tf.VariableAggregation.NONE):
@@ -320,6 +355,10 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         del destinations, options
+        if self._async is not None and not _is_worker_local_read(value):
+            raise ValueError(
+                "strategy.reduce (and extended.reduce_to) would combine values over "
+                f"workers. {_ASYNC_REDUCE_HINT}")
         # Keras passes whole structures here (e.g. an (x, y) batch).
         flat = tf.nest.flatten(value)
         return tf.nest.pack_sequence_as(value, self.all_reduce(reduce_op, flat))
@@ -330,8 +369,12 @@ class SMBExtended(one_device_strategy.OneDeviceExtended):
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
+        if self._async is not None:
+            # Keras gathers only for synchronous multi-worker predict.
+            raise ValueError(
+                f"strategy.gather would collect values from all workers. {_ASYNC_REDUCE_HINT}")
         local = self._local_tensor(value)
-        if self._job.size == 1 or self._async is not None:
+        if self._job.size == 1:
             return tf.identity(local)
         return self._all_gather(local, axis)
 
@@ -378,8 +421,12 @@ class DataParallelStrategy(collective_all_reduce_strategy.CollectiveAllReduceStr
     per process, variables broadcast from rank 0, gradients combined by the
     extended's collectives backend (see SMBExtended)."""
 
-    def _setup(self, job: env_lib.JobInfo, extended: SMBExtended) -> None:
+    def _setup(self, job: env_lib.JobInfo, extended: SMBExtended,
+               gradient_clipping: GradientClipping = "after_sum") -> None:
+        _check_gradient_clipping(gradient_clipping)
         self._job = job
+        self._gradient_clipping = gradient_clipping
+        keras_support.install_optimizer_hooks()
         if job.size > 1:
             keras_support.saves_on_rank0_only(job.rank)
         # Skip CollectiveAllReduceStrategy.__init__: none of its machinery is used.
@@ -396,6 +443,15 @@ class DataParallelStrategy(collective_all_reduce_strategy.CollectiveAllReduceStr
         """The number of workers."""
         return self._job.size
 
+    @property
+    def gradient_clipping(self) -> GradientClipping:
+        """Where Keras optimizers created in this strategy's scope clip
+        (`clipnorm`, `clipvalue`, `global_clipnorm`): "after_sum" clips the
+        gradient summed over workers, as one process on the global batch does;
+        "per_worker" clips each worker's part before the sum, as Keras does
+        under tf.distribute.MirroredStrategy."""
+        return self._gradient_clipping
+
     def reduce(self, reduce_op, value, axis):
         """Reduces `value` over workers (and along `axis` when it has one).
 
@@ -404,6 +460,10 @@ class DataParallelStrategy(collective_all_reduce_strategy.CollectiveAllReduceStr
         values from a distributed dataset) differ in shape between workers and
         cannot be combined: Keras reduces one only to learn its structure, so
         this worker's batch is returned.
+
+        Raises:
+          ValueError: in SMBStrategy(mode="async"), whose workers are not in
+            step (reading a metric still gives this worker's value).
         """
         if any(isinstance(v, values_lib.PerReplica) for v in tf.nest.flatten(value)):
             return tf.nest.map_structure(
@@ -479,15 +539,28 @@ class SMBStrategy(DataParallelStrategy):
       staging_bytes: staging memory per worker when this process creates the
         box; larger tensors move in chunks of this size.
       job: where this process sits; detected from the launcher when None.
+      gradient_clipping: where Keras optimizers created in this scope clip
+        (`clipnorm`, `clipvalue`, `global_clipnorm`). "after_sum" (default):
+        the gradient summed over workers is clipped, so N workers with batch B
+        clip like one process with batch N*B. "per_worker": each worker clips
+        its own part before the sum, as Keras does under
+        tf.distribute.MirroredStrategy (and MultiWorkerMirroredStrategy). In
+        async mode there is no sum: each worker clips its own gradient.
+
+    Custom training loops: in async mode `strategy.reduce` and
+    `strategy.gather` raise ValueError (workers are not in step); use each
+    worker's own values.
     """
 
     def __init__(self, mode: str = "sync", staleness: Optional[int] = None,
                  update: str = "delta", momentum: float = 0.0,
                  consistency: str = "consistent", timeout_s: Optional[float] = None,
                  staging_bytes: Optional[int] = None,
-                 job: Optional[env_lib.JobInfo] = None) -> None:
+                 job: Optional[env_lib.JobInfo] = None,
+                 gradient_clipping: GradientClipping = "after_sum") -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+        _check_gradient_clipping(gradient_clipping)
         if update not in ("delta", "sgd"):
             raise ValueError(f"update must be 'delta' or 'sgd', got {update!r}")
         if consistency not in ("consistent", "hogwild"):
@@ -511,7 +584,8 @@ class SMBStrategy(DataParallelStrategy):
                                        momentum=momentum,
                                        consistent=consistency == "consistent")
             keras_support.install_async_hooks()
-        self._setup(job, SMBExtended(self, job, async_config=async_config))
+        self._setup(job, SMBExtended(self, job, async_config=async_config),
+                    gradient_clipping)
 
     @property
     def mode(self) -> str:

@@ -7,9 +7,22 @@ callbacks) that belong to a tf_smb strategy; everything else in the process
 behaves exactly as without tf_smb.
 
   fit.py     evaluation phases, and asynchronous fit's end (wait, load the box)
+  data.py    arrays shuffled by `fit` in one order on every worker
+  callbacks.py  TensorBoard and BackupAndRestore: rank 0 writes, all restore
+  optimizer.py  clipping of the summed gradient; loss-scale skips decided together
   saving.py  rank 0 alone writes model files
+
+`install()` puts the fit, data, saving and callback hooks in place (once per
+process); each hook then asks the model's own strategy whether to act.
 """
 from tf_smb.keras_support.fit import in_eval_phase, install_async_hooks
+from tf_smb.keras_support.optimizer import install_optimizer_hooks
 from tf_smb.keras_support.saving import saves_on_rank0_only
+from tf_smb.keras_support.callbacks import install_callback_hooks
+from tf_smb.keras_support.fit import install_fit_hooks
+from tf_smb.keras_support.hooks import install
+from tf_smb.keras_support.saving import install_saving_hooks
 
-__all__ = ["in_eval_phase", "install_async_hooks", "saves_on_rank0_only"]
+__all__ = ["in_eval_phase", "install_async_hooks", "install_optimizer_hooks",
+           "saves_on_rank0_only", "install", "install_fit_hooks",
+           "install_saving_hooks", "install_callback_hooks"]

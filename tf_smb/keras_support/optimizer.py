@@ -1,0 +1,152 @@
+"""Hooks on Keras 3 optimizers for tf_smb strategies: clipping and loss scaling.
+
+Keras 3's TensorFlow optimizer clips gradients (`clipnorm`, `clipvalue`,
+`global_clipnorm`) in `apply()` before `_backend_update_step` sums them over
+replicas, so every replica clips its own partial gradient. With
+`gradient_clipping="after_sum"` (the tf_smb default) the sum moves in front of
+the clipping instead: the optimizer clips the summed gradient, as one process
+on the global batch does, and the sum Keras would do later is skipped, so the
+gradients are summed exactly once per update. With gradient accumulation the
+sum happens only in Keras' update branch, on the accumulated gradient.
+
+`LossScaleOptimizer` (mixed precision) skips a step whose gradients are not
+finite. It decides from the local, unsummed gradients, so one worker could skip
+while the others apply (and their collectives then pair wrongly); the hook
+makes every worker decide from one flag summed over all workers.
+
+Every hook acts only for optimizers whose `_distribution_strategy` (the
+strategy in scope when the optimizer was created) is a tf_smb strategy; any
+other optimizer runs Keras' own code unchanged.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+from typing import Any, Dict, List, Optional
+
+import tensorflow as tf
+
+_HOOKED = False
+_local = threading.local()
+
+
+class _ApplyState:
+    """One `_backend_apply_gradients` call of one optimizer, while it traces:
+    how many gradient lists were summed before clipping and still wait for
+    the all-reduce Keras does afterwards (which must then be skipped)."""
+
+    __slots__ = ("summed",)
+
+    def __init__(self) -> None:
+        self.summed = 0
+
+
+def _states() -> Dict[int, _ApplyState]:
+    if not hasattr(_local, "states"):
+        _local.states = {}
+    return _local.states
+
+
+def _tf_smb_strategy(optimizer: Any) -> Optional[Any]:
+    """The optimizer's tf_smb strategy, or None for any other optimizer."""
+    from tf_smb.strategy import DataParallelStrategy  # pylint: disable=import-outside-toplevel
+    strategy = getattr(optimizer, "_distribution_strategy", None)
+    return strategy if isinstance(strategy, DataParallelStrategy) else None
+
+
+def _clips_after_sum(optimizer: Any) -> bool:
+    strategy = _tf_smb_strategy(optimizer)
+    # Async workers sum nothing: each clips and applies its own gradient.
+    return (strategy is not None and strategy.gradient_clipping == "after_sum"
+            and getattr(strategy, "mode", "sync") == "sync")
+
+
+def _sum_over_workers(grads: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
+    """All-reduces (SUM) the gradients as Keras' `_all_reduce_sum_gradients`
+    does: one `ReplicaContext.all_reduce` for all of them, Nones kept."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return list(grads)
+    summed = iter(tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, present))
+    return [None if g is None else next(summed) for g in grads]
+
+
+def install_optimizer_hooks() -> None:
+    """Makes Keras optimizers of tf_smb strategies clip the summed gradient
+    (unless the strategy says gradient_clipping="per_worker") and decide loss
+    scaling's skips together. Idempotent; other optimizers are unaffected."""
+    global _HOOKED
+    if _HOOKED:
+        return
+    try:
+        from keras.src.backend.tensorflow.optimizer import TFOptimizer  # pylint: disable=import-outside-toplevel
+        from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return  # no Keras 3: nothing to hook (tf.compat.v1 / custom optimizers)
+    needed = [(TFOptimizer, "_backend_apply_gradients"), (TFOptimizer, "_clip_gradients"),
+              (TFOptimizer, "_all_reduce_sum_gradients"), (LossScaleOptimizer, "check_finite")]
+    missing = [f"{cls.__name__}.{name}" for cls, name in needed if not hasattr(cls, name)]
+    if missing:
+        warnings.warn(
+            f"tf_smb: this Keras version lacks {missing}; gradient clipping stays "
+            "per worker and LossScaleOptimizer's skip decision stays local.")
+        return
+    _HOOKED = True
+
+    backend_apply_gradients = TFOptimizer._backend_apply_gradients  # pylint: disable=protected-access
+    clip_gradients = TFOptimizer._clip_gradients  # pylint: disable=protected-access
+    all_reduce_sum_gradients = TFOptimizer._all_reduce_sum_gradients  # pylint: disable=protected-access
+    check_finite = LossScaleOptimizer.check_finite
+
+    @functools.wraps(backend_apply_gradients)
+    def backend_apply_gradients_hook(self, grads, trainable_variables):
+        if not _clips_after_sum(self):
+            return backend_apply_gradients(self, grads, trainable_variables)
+        # The state lives for this call only: a sum made by the clipping hook
+        # pairs with the one all-reduce Keras makes later in the same branch
+        # (both run in the update branch of the accumulation cond, if any).
+        states = _states()
+        outer = states.get(id(self))
+        states[id(self)] = _ApplyState()
+        try:
+            return backend_apply_gradients(self, grads, trainable_variables)
+        finally:
+            if outer is None:
+                del states[id(self)]
+            else:
+                states[id(self)] = outer
+
+    @functools.wraps(clip_gradients)
+    def clip_gradients_hook(self, grads):
+        state = _states().get(id(self))
+        if state is not None and tf.distribute.get_replica_context() is not None:
+            grads = _sum_over_workers(list(grads))
+            state.summed += 1
+        return clip_gradients(self, grads)
+
+    @functools.wraps(all_reduce_sum_gradients)
+    def all_reduce_sum_gradients_hook(self, grads_and_vars):
+        state = _states().get(id(self))
+        if state is not None and state.summed:
+            state.summed -= 1
+            return list(grads_and_vars)  # summed before clipping already
+        return all_reduce_sum_gradients(self, grads_and_vars)
+
+    @functools.wraps(check_finite)
+    def check_finite_hook(self, grads):
+        finite = check_finite(self, grads)
+        strategy = _tf_smb_strategy(self)
+        if strategy is None:
+            return finite
+        # Skip on every worker if any worker's gradients are not finite.
+        # extended.all_reduce is local for one worker and in async mode.
+        not_finite = tf.cast(tf.logical_not(finite), tf.int32)
+        total = strategy.extended.all_reduce(tf.distribute.ReduceOp.SUM, [not_finite])[0]
+        return tf.equal(total, 0)
+
+    TFOptimizer._backend_apply_gradients = backend_apply_gradients_hook  # pylint: disable=protected-access
+    TFOptimizer._clip_gradients = clip_gradients_hook  # pylint: disable=protected-access
+    TFOptimizer._all_reduce_sum_gradients = all_reduce_sum_gradients_hook  # pylint: disable=protected-access
+    LossScaleOptimizer.check_finite = check_finite_hook
