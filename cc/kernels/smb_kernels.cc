@@ -14,7 +14,8 @@
 
 #include "cc/smb/communicator.h"
 #include "cc/smb/scheduler.h"
-#include "cc/smb/store.h"
+#include "cc/smb/store/segment_io.h"
+#include "cc/smb/store/updaters.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -145,6 +146,23 @@ class SmbContext {
     return s;
   }
 
+  // The updater of segment `name` for `options` (made once: it may own state
+  // in the box, e.g. the momentum's velocity).
+  absl::Status FindUpdater(const std::string& name, const smb::Segment& segment,
+                           const smb::UpdateOptions& options, smb::Updater** out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string key = name + "|" + std::to_string(static_cast<int>(options.rule)) + "|" +
+                            std::to_string(options.momentum);
+    auto it = updaters_.find(key);
+    if (it == updaters_.end()) {
+      std::unique_ptr<smb::Updater> updater;
+      TF_RETURN_IF_ERROR(ToTfStatus(smb::MakeUpdater(comm_->box(), name, segment, options, &updater)));
+      it = updaters_.emplace(key, std::move(updater)).first;
+    }
+    *out = it->second.get();
+    return absl::OkStatus();
+  }
+
   // The segment `name`, checked against the dtype and shape the caller holds.
   absl::Status FindSegment(const std::string& name, smb::DType dtype,
                            const std::vector<int64_t>& shape, smb::Segment* out) {
@@ -179,6 +197,7 @@ class SmbContext {
   std::unique_ptr<smb::CollectiveScheduler> scheduler_;
   std::string job_id_;
   std::unordered_map<std::string, smb::Segment> segments_;
+  std::unordered_map<std::string, std::unique_ptr<smb::Updater>> updaters_;
 };
 
 // Runs `wait` (a blocking wait on the other ranks that is not a collective)
@@ -453,19 +472,28 @@ class SmbParamReadOp : public OpKernel {
   smb::ReadMode mode_;
 };
 
+// Applies one push to a segment: `update` (input 0) with the updater of the
+// op's rule; ApplySgd also takes the learning rate (input 1).
+absl::Status PushUpdate(OpKernelContext* c, const std::string& name,
+                        const smb::UpdateOptions& options, double learning_rate) {
+  const Tensor& update = c->input(0);
+  smb::DType dtype;
+  std::vector<int64_t> shape;
+  TF_RETURN_IF_ERROR(DescribeTensor(update, &dtype, &shape));
+  smb::Segment seg;
+  TF_RETURN_IF_ERROR(SmbContext::Get().FindSegment(name, dtype, shape, &seg));
+  smb::Updater* updater = nullptr;
+  TF_RETURN_IF_ERROR(SmbContext::Get().FindUpdater(name, seg, options, &updater));
+  return ToTfStatus(updater->Apply(seg, update.tensor_data().data(), learning_rate));
+}
+
 class SmbParamPushOp : public OpKernel {
  public:
   explicit SmbParamPushOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
   }
   void Compute(OpKernelContext* c) override {
-    const Tensor& delta = c->input(0);
-    smb::DType dtype;
-    std::vector<int64_t> shape;
-    OP_REQUIRES_OK(c, DescribeTensor(delta, &dtype, &shape));
-    smb::Segment seg;
-    OP_REQUIRES_OK(c, SmbContext::Get().FindSegment(name_, dtype, shape, &seg));
-    OP_REQUIRES_OK(c, ToTfStatus(smb::Accumulate(seg, delta.tensor_data().data())));
+    OP_REQUIRES_OK(c, PushUpdate(c, name_, {smb::UpdateRule::kDelta}, 0.0));
   }
 
  private:
@@ -476,34 +504,22 @@ class SmbParamApplySgdOp : public OpKernel {
  public:
   explicit SmbParamApplySgdOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
-    OP_REQUIRES_OK(c, c->GetAttr("momentum", &momentum_));
+    float momentum;
+    OP_REQUIRES_OK(c, c->GetAttr("momentum", &momentum));
+    options_.rule = momentum == 0.0f ? smb::UpdateRule::kSgd : smb::UpdateRule::kMomentum;
+    options_.momentum = momentum;
   }
   void Compute(OpKernelContext* c) override {
-    const Tensor& grad = c->input(0);
     const Tensor& lr = c->input(1);
     OP_REQUIRES(c, TensorShapeUtils::IsScalar(lr.shape()),
                 absl::InvalidArgumentError("learning_rate must be a scalar, got shape " +
                                            lr.shape().DebugString()));
-    smb::DType dtype;
-    std::vector<int64_t> shape;
-    OP_REQUIRES_OK(c, DescribeTensor(grad, &dtype, &shape));
-    smb::Segment seg;
-    OP_REQUIRES_OK(c, SmbContext::Get().FindSegment(name_, dtype, shape, &seg));
-    const double rate = lr.scalar<float>()();
-    if (momentum_ == 0.0f) {
-      OP_REQUIRES_OK(c, ToTfStatus(smb::Axpy(seg, -rate, grad.tensor_data().data())));
-      return;
-    }
-    smb::Segment velocity;
-    OP_REQUIRES_OK(c, SmbContext::Get().CreateSegment(name_ + "/velocity", dtype,
-                                                      shape, &velocity));
-    OP_REQUIRES_OK(c, ToTfStatus(smb::MomentumStep(seg, velocity, rate, momentum_,
-                                                   grad.tensor_data().data())));
+    OP_REQUIRES_OK(c, PushUpdate(c, name_, options_, lr.scalar<float>()()));
   }
 
  private:
   std::string name_;
-  float momentum_;
+  smb::UpdateOptions options_;
 };
 
 class SmbClockTickOp : public AsyncOpKernel {

@@ -10,7 +10,8 @@
 
 #include "cc/smb/box.h"
 #include "cc/smb/communicator.h"
-#include "cc/smb/store.h"
+#include "cc/smb/store/segment_io.h"
+#include "cc/smb/store/updaters.h"
 
 namespace py = pybind11;
 
@@ -78,6 +79,17 @@ void WithoutGil(Fn fn) {
     s = fn();
   }
   ThrowIfError(s);
+}
+
+// Applies one push to segment `key` with an updater of `options`' rule.
+void ApplyUpdate(smb::Communicator& c, uint64_t key, const py::array& update,
+                 const smb::UpdateOptions& options, double learning_rate) {
+  py::array a = py::array::ensure(update, py::array::c_style);
+  smb::Segment seg = SegmentFor(c, key, a);
+  std::unique_ptr<smb::Updater> updater;
+  ThrowIfError(smb::MakeUpdater(c.box(), "key " + std::to_string(key), seg, options, &updater));
+  const void* src = a.data();
+  WithoutGil([&] { return updater->Apply(seg, src, learning_rate); });
 }
 
 class BoxHandle {
@@ -246,18 +258,13 @@ PYBIND11_MODULE(_box, m) {
            })
       .def("accumulate",
            [](smb::Communicator& c, uint64_t key, py::array delta) {
-             py::array a = py::array::ensure(delta, py::array::c_style);
-             smb::Segment seg = SegmentFor(c, key, a);
-             const void* src = a.data();
-             WithoutGil([&] { return smb::Accumulate(seg, src); });
+             ApplyUpdate(c, key, delta, {smb::UpdateRule::kDelta}, 0.0);
            },
            "segment += delta, atomically per segment.")
       .def("axpy",
            [](smb::Communicator& c, uint64_t key, double alpha, py::array x) {
-             py::array a = py::array::ensure(x, py::array::c_style);
-             smb::Segment seg = SegmentFor(c, key, a);
-             const void* src = a.data();
-             WithoutGil([&] { return smb::Axpy(seg, alpha, src); });
+             // An SGD step with learning rate -alpha is segment += alpha * x.
+             ApplyUpdate(c, key, x, {smb::UpdateRule::kSgd}, -alpha);
            },
            "segment += alpha * x, atomically per segment.")
       .def("clock_tick",
