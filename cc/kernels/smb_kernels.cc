@@ -310,6 +310,19 @@ absl::Status BindOutputs(OpKernelContext* c, std::vector<smb::TensorRef>* refs) 
   return absl::OkStatus();
 }
 
+// The core's view of a TF op: outputs allocated (or forwarded from inputs)
+// by TensorFlow when the core asks for them.
+class TfOpContext : public smb::OpContext {
+ public:
+  explicit TfOpContext(OpKernelContext* c) : c_(c) {}
+  smb::Status AllocateOutputs(std::vector<smb::TensorRef>* tensors) override {
+    return FromTfStatus(BindOutputs(c_, tensors));
+  }
+
+ private:
+  OpKernelContext* c_;
+};
+
 // An all-reduce sum that stays in the box: the output tensor points into a
 // result buffer that every rank reads. It does not own that memory, so
 // TensorFlow never hands it to an op to write in place (Tensor::RefCountIsOne
@@ -342,10 +355,8 @@ class SmbAllReduceOp : public AsyncOpKernel {
     SubmitCollective(c, done, site_, "allreduce", [c, refs](smb::Communicator* comm) {
       std::vector<void*> sums;
       std::shared_ptr<smb::ResultHold> hold;
-      auto bind = [c](std::vector<smb::TensorRef>* r) {
-        return FromTfStatus(BindOutputs(c, r));
-      };
-      TF_RETURN_IF_ERROR(ToTfStatus(comm->AllReduceSumShared(*refs, bind, &sums, &hold)));
+      TfOpContext context(c);
+      TF_RETURN_IF_ERROR(ToTfStatus(comm->AllReduceSumShared(*refs, &context, &sums, &hold)));
       if (hold == nullptr) return absl::OkStatus();
       // The sums are in the box already: outputs point at them.
       for (size_t i = 0; i < sums.size(); ++i) {

@@ -57,11 +57,10 @@ Status Communicator::AllReduceSum(const std::vector<TensorRef>& tensors) {
   return smb::AllReduceSum(group_, tensors);
 }
 
-Status Communicator::AllReduceSumShared(std::vector<TensorRef> tensors,
-                                        const OutputBinder& bind_outputs,
+Status Communicator::AllReduceSumShared(std::vector<TensorRef> tensors, OpContext* context,
                                         std::vector<void*>* sums,
                                         std::shared_ptr<ResultHold>* hold) {
-  return smb::AllReduceSumShared(group_, std::move(tensors), bind_outputs, sums, hold);
+  return smb::AllReduceSumShared(group_, std::move(tensors), context, sums, hold);
 }
 
 Status Communicator::Broadcast(int root, const std::vector<TensorRef>& tensors) {

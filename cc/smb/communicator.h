@@ -63,7 +63,7 @@ class Communicator {
   Status AllReduceSum(const std::vector<TensorRef>& tensors);
   // The sums may stay in a result buffer every rank reads: see
   // algorithms/partitioned_allreduce.h.
-  Status AllReduceSumShared(std::vector<TensorRef> tensors, const OutputBinder& bind_outputs,
+  Status AllReduceSumShared(std::vector<TensorRef> tensors, OpContext* context,
                             std::vector<void*>* sums, std::shared_ptr<ResultHold>* hold);
   // out = root's in, for every tensor.
   Status Broadcast(int root, const std::vector<TensorRef>& tensors);

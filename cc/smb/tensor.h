@@ -34,6 +34,17 @@ inline size_t NumBytes(const TensorRef& t) { return NumElements(t.shape) * DType
 // "allreduce of 2 tensors: float32[3] int64[]": what ranks compare to agree.
 std::string Describe(const std::string& op, const std::vector<TensorRef>& tensors);
 
+// What a framework adapter (the TF kernels, the pybind module) gives the core
+// for one op, beyond its input tensors: output memory on demand. Errors keep
+// their codes (the adapter maps its own status onto smb::Status).
+class OpContext {
+ public:
+  virtual ~OpContext() = default;
+  // Points every tensor's `out` at output memory of its dtype and shape
+  // (fresh, or an input's buffer the framework lets the op reuse).
+  virtual Status AllocateOutputs(std::vector<TensorRef>* tensors) = 0;
+};
+
 // Valid dtypes, no negative dimension.
 Status ValidateTensors(const std::vector<TensorRef>& tensors);
 

@@ -83,6 +83,19 @@ void TestAllReduceAndBroadcast(int world) {
   });
 }
 
+// An adapter whose one output is a given buffer.
+class VectorOutput : public smb::OpContext {
+ public:
+  explicit VectorOutput(float* out) : out_(out) {}
+  smb::Status AllocateOutputs(std::vector<smb::TensorRef>* tensors) override {
+    (*tensors)[0].out = out_;
+    return smb::Status::Ok();
+  }
+
+ private:
+  float* out_;
+};
+
 void TestSharedResults(int world) {
   // Sums kept in result buffers: every rank reads the same memory; holds
   // keep a buffer from reuse, so 9 held sums need 9 > 8 buffers: the 9th is
@@ -96,13 +109,10 @@ void TestSharedResults(int world) {
     for (int k = 0; k < 9; ++k) {
       std::vector<void*> where;
       std::shared_ptr<smb::ResultHold> hold;
-      auto bind = [&outs, k](std::vector<smb::TensorRef>* refs) {
-        (*refs)[0].out = outs[k].data();
-        return smb::Status::Ok();
-      };
+      VectorOutput output(outs[k].data());
       smb::Status s = comm->AllReduceSumShared(
-          {{smb::DType::kFloat32, {static_cast<int64_t>(n)}, in.data(), nullptr}}, bind, &where,
-          &hold);
+          {{smb::DType::kFloat32, {static_cast<int64_t>(n)}, in.data(), nullptr}}, &output,
+          &where, &hold);
       Check(s.ok(), Where("shared all-reduce: " + s.ToString(), world, rank));
       Check((hold != nullptr) == (k < 8), Where("result buffer " + std::to_string(k), world, rank));
       sums.push_back(hold ? static_cast<const float*>(where[0]) : outs[k].data());

@@ -132,14 +132,13 @@ Status AllReduceSum(Group& group, const std::vector<TensorRef>& tensors) {
   return ReduceChunks(group, tensors, /*shared_out=*/false);
 }
 
-Status AllReduceSumShared(Group& group, std::vector<TensorRef> tensors,
-                          const OutputBinder& bind_outputs, std::vector<void*>* sums,
-                          std::shared_ptr<ResultHold>* hold) {
+Status AllReduceSumShared(Group& group, std::vector<TensorRef> tensors, OpContext* context,
+                          std::vector<void*>* sums, std::shared_ptr<ResultHold>* hold) {
   sums->clear();
   hold->reset();
   SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
   if (group.world() == 1) {
-    SMB_RETURN_IF_ERROR(bind_outputs(&tensors));
+    SMB_RETURN_IF_ERROR(context->AllocateOutputs(&tensors));
     CopyThrough(tensors);
     return Status::Ok();
   }
@@ -167,7 +166,7 @@ Status AllReduceSumShared(Group& group, std::vector<TensorRef> tensors,
   }
   choice = g->ranks[0].result_choice[parity].load(std::memory_order_acquire);
   if (choice < 0) {
-    Status bound = bind_outputs(&tensors);
+    Status bound = context->AllocateOutputs(&tensors);
     if (!bound.ok()) {
       // The others are inside the collective already: fail them too, now.
       return group.Fail(Status(bound.code(), "rank " + std::to_string(group.rank()) +

@@ -11,7 +11,6 @@
 #ifndef TF_SMB_CC_SMB_ALGORITHMS_PARTITIONED_ALLREDUCE_H_
 #define TF_SMB_CC_SMB_ALGORITHMS_PARTITIONED_ALLREDUCE_H_
 
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -46,12 +45,10 @@ Status AllReduceSum(Group& group, const std::vector<TensorRef>& tensors);
 // tensors are large enough to gain from it), the sums stay in it: (*sums)[i]
 // is tensor i's sum, 64-byte aligned, the same memory on every rank, valid
 // and unchanged while *hold lives. Else *hold is null, and the sums go to
-// the `out` pointers that bind_outputs sets first (only then is it called,
-// so callers allocate outputs only when they are needed).
-using OutputBinder = std::function<Status(std::vector<TensorRef>*)>;
-Status AllReduceSumShared(Group& group, std::vector<TensorRef> tensors,
-                          const OutputBinder& bind_outputs, std::vector<void*>* sums,
-                          std::shared_ptr<ResultHold>* hold);
+// outputs that context->AllocateOutputs gives first (only then is it called,
+// so adapters allocate outputs only when they are needed).
+Status AllReduceSumShared(Group& group, std::vector<TensorRef> tensors, OpContext* context,
+                          std::vector<void*>* sums, std::shared_ptr<ResultHold>* hold);
 
 }  // namespace smb
 
