@@ -14,8 +14,8 @@
 
 #include "cc/smb/communicator.h"
 #include "cc/smb/scheduler.h"
-#include "cc/smb/store/segment_io.h"
-#include "cc/smb/store/updaters.h"
+#include "cc/smb/segment/segment_io.h"
+#include "cc/smb/segment/updaters.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -429,9 +429,9 @@ absl::Status DescribeTensor(const Tensor& t, smb::DType* dtype,
   return absl::OkStatus();
 }
 
-class SmbParamCreateOp : public OpKernel {
+class SmbSegmentCreateOp : public OpKernel {
  public:
-  explicit SmbParamCreateOp(OpKernelConstruction* c) : OpKernel(c) {
+  explicit SmbSegmentCreateOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
     OP_REQUIRES_OK(c, c->GetAttr("write", &write_));
   }
@@ -452,9 +452,9 @@ class SmbParamCreateOp : public OpKernel {
   bool write_;
 };
 
-class SmbParamReadOp : public OpKernel {
+class SmbSegmentReadOp : public OpKernel {
  public:
-  explicit SmbParamReadOp(OpKernelConstruction* c) : OpKernel(c) {
+  explicit SmbSegmentReadOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
     OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
     OP_REQUIRES_OK(c, c->GetAttr("T", &dtype_));
@@ -498,9 +498,9 @@ absl::Status PushUpdate(OpKernelContext* c, const std::string& name,
   return ToTfStatus(updater->Apply(seg, update.tensor_data().data(), learning_rate));
 }
 
-class SmbParamPushOp : public OpKernel {
+class SmbSegmentPushOp : public OpKernel {
  public:
-  explicit SmbParamPushOp(OpKernelConstruction* c) : OpKernel(c) {
+  explicit SmbSegmentPushOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
   }
   void Compute(OpKernelContext* c) override {
@@ -511,9 +511,9 @@ class SmbParamPushOp : public OpKernel {
   std::string name_;
 };
 
-class SmbParamApplySgdOp : public OpKernel {
+class SmbSegmentApplySgdOp : public OpKernel {
  public:
-  explicit SmbParamApplySgdOp(OpKernelConstruction* c) : OpKernel(c) {
+  explicit SmbSegmentApplySgdOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
     float momentum;
     OP_REQUIRES_OK(c, c->GetAttr("momentum", &momentum));
@@ -583,10 +583,10 @@ class SmbWaitAllFinishedOp : public AsyncOpKernel {
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("SmbParamCreate").Device(DEVICE_CPU), SmbParamCreateOp);
-REGISTER_KERNEL_BUILDER(Name("SmbParamRead").Device(DEVICE_CPU), SmbParamReadOp);
-REGISTER_KERNEL_BUILDER(Name("SmbParamPush").Device(DEVICE_CPU), SmbParamPushOp);
-REGISTER_KERNEL_BUILDER(Name("SmbParamApplySgd").Device(DEVICE_CPU), SmbParamApplySgdOp);
+REGISTER_KERNEL_BUILDER(Name("SmbSegmentCreate").Device(DEVICE_CPU), SmbSegmentCreateOp);
+REGISTER_KERNEL_BUILDER(Name("SmbSegmentRead").Device(DEVICE_CPU), SmbSegmentReadOp);
+REGISTER_KERNEL_BUILDER(Name("SmbSegmentPush").Device(DEVICE_CPU), SmbSegmentPushOp);
+REGISTER_KERNEL_BUILDER(Name("SmbSegmentApplySgd").Device(DEVICE_CPU), SmbSegmentApplySgdOp);
 REGISTER_KERNEL_BUILDER(Name("SmbClockTick").Device(DEVICE_CPU), SmbClockTickOp);
 REGISTER_KERNEL_BUILDER(Name("SmbClockFinish").Device(DEVICE_CPU), SmbClockFinishOp);
 REGISTER_KERNEL_BUILDER(Name("SmbWaitAllFinished").Device(DEVICE_CPU), SmbWaitAllFinishedOp);

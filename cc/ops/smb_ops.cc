@@ -66,7 +66,7 @@ REGISTER_OP("SmbBarrier")
 
 namespace tensorflow {
 
-REGISTER_OP("SmbParamCreate")
+REGISTER_OP("SmbSegmentCreate")
     .Input("value: T")
     .Attr("T: {float, double, half, bfloat16, int32, int64}")
     .Attr("segment: string")
@@ -78,7 +78,7 @@ Creates (or attaches to) the box segment `segment` with value's dtype and shape;
 with `write`, stores `value` in it. Attaching with another dtype or shape fails.
 )doc");
 
-REGISTER_OP("SmbParamRead")
+REGISTER_OP("SmbSegmentRead")
     .Output("value: T")
     .Attr("T: {float, double, half, bfloat16, int32, int64}")
     .Attr("shape: shape")
@@ -91,7 +91,7 @@ Reads segment `segment`. `consistent` (seqlock) never returns a half-written
 tensor; false reads without waiting for writers (hogwild).
 )doc");
 
-REGISTER_OP("SmbParamPush")
+REGISTER_OP("SmbSegmentPush")
     .Input("delta: T")
     .Attr("T: {float, double, half, bfloat16, int32, int64}")
     .Attr("segment: string")
@@ -99,7 +99,7 @@ REGISTER_OP("SmbParamPush")
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc("Adds `delta` to segment `segment` in the box, atomically per segment.");
 
-REGISTER_OP("SmbParamApplySgd")
+REGISTER_OP("SmbSegmentApplySgd")
     .Input("grad: T")
     .Input("learning_rate: float")
     .Attr("T: {float, double, half, bfloat16}")

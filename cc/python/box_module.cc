@@ -10,8 +10,8 @@
 
 #include "cc/smb/box.h"
 #include "cc/smb/communicator.h"
-#include "cc/smb/store/segment_io.h"
-#include "cc/smb/store/updaters.h"
+#include "cc/smb/segment/segment_io.h"
+#include "cc/smb/segment/updaters.h"
 
 namespace py = pybind11;
 

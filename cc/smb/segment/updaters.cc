@@ -1,6 +1,6 @@
-#include "cc/smb/store/updaters.h"
+#include "cc/smb/segment/updaters.h"
 
-#include "cc/smb/store/segment_io.h"
+#include "cc/smb/segment/segment_io.h"
 
 namespace smb {
 namespace {

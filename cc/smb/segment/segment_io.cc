@@ -1,4 +1,4 @@
-#include "cc/smb/store/segment_io.h"
+#include "cc/smb/segment/segment_io.h"
 
 #include <algorithm>
 #include <atomic>
