@@ -1,27 +1,29 @@
 """Runs groups of worker processes for multi-process tests: every process is
-waited for with a timeout and killed on the way out, and failures name the rank."""
+waited for with a timeout and killed on the way out, and failures name the rank.
+The processes are started and watched by tf_smb.supervisor, with its worker
+environment (tf_smb.supervisor.worker_env)."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(REPO, "tests", "workers")
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+from tf_smb import env as env_lib, supervisor  # noqa: E402
 
 
 def base_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra or {})
-    return env
+    """This environment for a test process: no launcher variables, the checkout on
+    PYTHONPATH, quiet TensorFlow, unbuffered output; then `extra`."""
+    return supervisor.worker_env(pythonpath=[REPO],
+                                 overrides={"TF_CPP_MIN_LOG_LEVEL": "2", **(extra or {})})
 
 
 @dataclasses.dataclass
@@ -45,57 +47,55 @@ class Result:
         return self
 
 
+def _run(commands: Sequence[Tuple[Sequence[str], Dict[str, str]]], timeout: float,
+         cwd: Optional[str] = None) -> Tuple[supervisor.Outcome, List[Result]]:
+    """Runs the commands together until all end (a failure does not stop the others)
+    or `timeout` passes (then all are stopped); each one's result."""
+    with supervisor.Workers(commands, output="split", cwd=cwd, grace_s=2.0) as workers:
+        outcome = workers.wait(timeout_s=timeout, stop_on_failure=False)
+    return outcome, [Result(i, code, workers.output(i), workers.stderr(i))
+                     for i, code in enumerate(outcome.returncodes)]
+
+
 def run_ranks(args: Sequence[str], world: int, timeout: float,
               env: Optional[Dict[str, str]] = None,
               per_rank_env: Optional[List[Dict[str, str]]] = None) -> List[Result]:
     """Starts `world` copies of `python args...` with TF_SMB_RANK/SIZE set (no
     launcher, so rank 0 creates the box) and waits for all of them."""
-    procs = []
     job = f"test-{os.getpid()}-{time.monotonic_ns()}"
-    try:
-        for rank in range(world):
-            e = base_env({"TF_SMB_RANK": str(rank), "TF_SMB_SIZE": str(world),
-                          "TF_SMB_JOB_ID": job, **(env or {})})
-            if per_rank_env:
-                e.update(per_rank_env[rank])
-            procs.append(subprocess.Popen(
-                [sys.executable, *args], env=e, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, start_new_session=True))
-        deadline = time.monotonic() + timeout
-        results = []
-        for rank, p in enumerate(procs):
-            remaining = max(0.1, deadline - time.monotonic())
-            try:
-                out, err = p.communicate(timeout=remaining)
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"rank {rank} did not finish within {timeout}s")
-            results.append(Result(rank, p.returncode, out, err))
-        return results
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    commands = []
+    for rank in range(world):
+        e = supervisor.worker_env(base_env(), rank=rank, size=world, job_id=job,
+                                  overrides={**(env or {}),
+                                             **(per_rank_env[rank] if per_rank_env else {})})
+        commands.append(([sys.executable, *args], e))
+    outcome, results = _run(commands, timeout)
+    if outcome.running:
+        raise AssertionError(f"rank {outcome.running[0]} did not finish within {timeout}s")
+    return results
+
+
+def _run_one(argv: Sequence[str], timeout: float, env: Dict[str, str],
+             cwd: Optional[str] = None) -> Result:
+    outcome, (result,) = _run([(argv, env)], timeout, cwd)
+    if outcome.running:
+        raise subprocess.TimeoutExpired(list(argv), timeout, result.stdout, result.stderr)
+    return result
 
 
 def run_single(args: Sequence[str], timeout: float,
                env: Optional[Dict[str, str]] = None) -> Result:
     """Runs one process with no launcher variables at all."""
-    e = base_env(env)
-    for key in ("TF_SMB_RANK", "TF_SMB_SIZE", "TF_SMB_JOB_ID", "HOROVOD_RANK",
-                "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        e.pop(key, None)
-    p = subprocess.run([sys.executable, *args], env=e, capture_output=True,
-                       text=True, timeout=timeout)
-    return Result(0, p.returncode, p.stdout, p.stderr)
+    e = {k: v for k, v in base_env(env).items() if k not in env_lib.LAUNCHER_VARS}
+    return _run_one([sys.executable, *args], timeout, e)
 
 
 def run_launcher(np_: int, args: Sequence[str], timeout: float,
                  env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     """Runs `python -m tf_smb.run -np N python args...`."""
-    return subprocess.run(
-        [sys.executable, "-m", "tf_smb.run", "-np", str(np_), sys.executable, *args],
-        env=base_env(env), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    argv = [sys.executable, "-m", "tf_smb.run", "-np", str(np_), sys.executable, *args]
+    r = _run_one(argv, timeout, base_env(env), cwd=REPO)
+    return subprocess.CompletedProcess(argv, r.returncode, r.stdout, r.stderr)
 
 
 def rank_lines(output: str, rank: int) -> List[str]:

@@ -1,15 +1,12 @@
-"""Smoke test of examples/benchmark_async.py: tiny model, 2 workers, every number sane."""
+"""Smoke test of `python -m benchmarks.async_step`: tiny model, 2 workers, every number sane."""
 from __future__ import annotations
 
 import csv
 import math
-import os
 import pathlib
-import subprocess
-import sys
 from typing import Dict, List
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+from harness import run_single
 
 
 def read_csv(path: pathlib.Path) -> List[Dict[str, str]]:
@@ -27,12 +24,8 @@ def assert_positive_numbers(rows: List[Dict[str, str]], skip: str) -> None:
 
 
 def test_benchmark_async_smoke(tmp_path: pathlib.Path) -> None:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "examples" / "benchmark_async.py"), "--smoke",
-         f"--out_dir={tmp_path}", "--timeout=300"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    result = run_single(["-m", "benchmarks.async_step", "--smoke", f"--out_dir={tmp_path}",
+                         "--timeout=300"], timeout=900, env={"TF_ENABLE_ONEDNN_OPTS": "0"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "| model | workers | params (M) | MB | sync all-reduce ms |" in result.stdout
     assert "| mode | wall s | test accuracy |" in result.stdout

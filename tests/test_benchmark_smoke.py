@@ -1,24 +1,18 @@
-"""Smoke test of examples/benchmark_allreduce.py: tiny sets, every number sane."""
+"""Smoke test of `python -m benchmarks.allreduce`: tiny sets, every number sane."""
 from __future__ import annotations
 
 import csv
 import math
-import os
 import pathlib
-import subprocess
-import sys
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+from harness import run_single
+
 SMOKE_SETS = ["4KB", "64KB", "mlp"]
 
 
 def test_benchmark_smoke(tmp_path: pathlib.Path) -> None:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "examples" / "benchmark_allreduce.py"), "--smoke",
-         f"--out_dir={tmp_path}", "--timeout=240"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    result = run_single(["-m", "benchmarks.allreduce", "--smoke", f"--out_dir={tmp_path}",
+                         "--timeout=240"], timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "| set | MB | SMB ms |" in result.stdout
     assert (tmp_path / "results.md").exists()

@@ -1,4 +1,4 @@
-"""Smoke test of examples/benchmark.py, the suite: every strategy on tiny shapes and tiny
+"""Smoke test of `python -m benchmarks.suite`: every strategy on tiny shapes and tiny
 fit runs, then every file it writes (CSV, markdown, PNG) is checked.
 
 Horovod is part of the test environment (tools/test.sh installs it with
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import pathlib
 import subprocess
 import sys
 from typing import Dict, List, Sequence
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+from harness import run_single
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Rows that must hold numbers; the others (MWMS: Keras 3's fit may fail under it) may read
 # n/a, with a reason.
@@ -53,12 +53,8 @@ def test_horovod_is_installed() -> None:
 
 
 def test_benchmark_suite_smoke(tmp_path: pathlib.Path) -> None:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "examples" / "benchmark.py"), "--smoke",
-         f"--out_dir={tmp_path}"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    result = run_single(["-m", "benchmarks.suite", "--smoke", f"--out_dir={tmp_path}"],
+                        timeout=900, env={"TF_ENABLE_ONEDNN_OPTS": "0"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     # The markdown: written and printed, with every table.

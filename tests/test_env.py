@@ -46,3 +46,17 @@ def test_launcher_box_flag():
     job = env.detect({"TF_SMB_RANK": "0", "TF_SMB_SIZE": "2", "TF_SMB_JOB_ID": "j",
                       "TF_SMB_BOX_CREATED": "1"})
     assert job.box_created
+
+
+@pytest.mark.parametrize("variables", [
+    {"TF_SMB_RANK": "1", "TF_SMB_SIZE": "3", "TF_SMB_JOB_ID": "j", "TF_SMB_BOX_CREATED": "1"},
+    {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "3", "HOROVOD_LOCAL_RANK": "1"},
+    {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "3"},
+    {"PMIX_RANK": "1", "OMPI_COMM_WORLD_SIZE": "3"},
+    {"SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "77"},
+])
+def test_without_launcher_vars_a_process_is_a_single_worker(variables):
+    # What tf_smb.supervisor.worker_env drops from a worker's inherited environment.
+    assert env.detect(variables).size == 3
+    rest = {k: v for k, v in variables.items() if k not in env.LAUNCHER_VARS}
+    assert env.detect(rest).launcher == "none"

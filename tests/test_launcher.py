@@ -13,6 +13,8 @@ from typing import List
 
 import pytest
 
+from tf_smb import _box, run, supervisor
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -29,6 +31,14 @@ def worker(code: str) -> List[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].startswith("Z")
+
+
 def wait_gone(pid: int, grace_s: float = 2.0) -> None:
     """Asserts the process ``pid`` no longer exists, allowing a short grace."""
     deadline = time.monotonic() + grace_s
@@ -36,6 +46,8 @@ def wait_gone(pid: int, grace_s: float = 2.0) -> None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
+            return
+        if _zombie(pid):  # an orphan that the container's init may never reap
             return
         if time.monotonic() > deadline:
             pytest.fail(f"process {pid} outlived the launcher")
@@ -173,3 +185,78 @@ def test_missing_executable() -> None:
     result = launch(["-np", "1", "/nonexistent/tf_smb_no_such_program"])
     assert result.returncode != 0
     assert "cannot start" in result.stderr
+
+
+def test_defaults_are_the_cores() -> None:
+    args = run._parse_args(["-np", "1", "true"])
+    assert (args.staging_bytes, args.heap_bytes, args.timeout) == (
+        _box.DEFAULT_STAGING_BYTES, _box.DEFAULT_HEAP_BYTES, None)
+    help_text = launch(["--help"]).stdout
+    assert f"{_box.DEFAULT_TIMEOUT_S:g} s" in help_text
+    assert run._size(_box.DEFAULT_STAGING_BYTES) in help_text
+    assert run._size(_box.DEFAULT_HEAP_BYTES) in help_text
+    assert run._size(1 << 20) == "1 MiB" and run._size(4 << 30) == "4 GiB"
+
+
+def test_workers_do_not_inherit_other_launchers_variables() -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMPI_COMM_WORLD_RANK="5",
+               OMPI_COMM_WORLD_SIZE="9", HOROVOD_RANK="5", HOROVOD_SIZE="9")
+    result = subprocess.run([sys.executable, "-m", "tf_smb.run", "-np", "2", *worker("""
+        import os
+        from tf_smb import env
+        job = env.detect()
+        print("job", job.launcher, job.rank, job.size,
+              [k for k in os.environ if k.startswith(("OMPI_COMM", "HOROVOD_"))])
+    """)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "[0]: job tf 0 2 []" in result.stdout and "[1]: job tf 1 2 []" in result.stdout
+
+
+def test_processes_a_worker_leaves_are_stopped(tmp_path: pathlib.Path) -> None:
+    # Rank 0 starts a helper in a session of its own; rank 1 fails: the launcher stops
+    # rank 0 and what it started (launchers such as mpirun do this to their workers).
+    pid_file = tmp_path / "helper.pid"
+    result = launch(["-np", "2", *worker(f"""
+        import os, subprocess, sys, time
+        if os.environ["TF_SMB_RANK"] == "1":
+            while not os.path.exists({str(pid_file)!r}):
+                time.sleep(0.02)
+            sys.exit(3)
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                  start_new_session=True)
+        with open({str(pid_file) + ".tmp"!r}, "w") as f:
+            f.write(str(helper.pid))
+        os.rename({str(pid_file) + ".tmp"!r}, {str(pid_file)!r})
+        time.sleep(60)
+    """)], timeout=30)
+    assert result.returncode == 3, result.stderr
+    wait_gone(int(pid_file.read_text()))
+
+
+def test_a_finished_workers_process_group_is_stopped(tmp_path: pathlib.Path) -> None:
+    pid_file = tmp_path / "helper.pid"
+    result = launch(["-np", "1", *worker(f"""
+        import subprocess, sys
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        with open({str(pid_file)!r}, "w") as f:
+            f.write(str(helper.pid))
+    """)], timeout=30)
+    assert result.returncode == 0, result.stderr
+    wait_gone(int(pid_file.read_text()))
+
+
+def test_supervisor_timeout_and_output() -> None:
+    env = supervisor.worker_env(rank=0, size=1, job_id="j")
+    commands = [(worker("""
+        import os, sys, time
+        print("out", os.environ["TF_SMB_RANK"], os.environ["TF_CPP_MIN_LOG_LEVEL"])
+        print("err", file=sys.stderr, flush=True)
+        time.sleep(60)
+    """), env)]
+    start = time.monotonic()
+    with supervisor.Workers(commands, output="split", grace_s=1.0) as workers:
+        outcome = workers.wait(timeout_s=3.0)
+    assert time.monotonic() - start < 15
+    assert not outcome.ok and outcome.running == [0] and outcome.returncodes[0] == -15
+    assert outcome.reason == "timed out after 3 s"
+    assert workers.output(0) == "out 0 2\n" and workers.stderr(0) == "err\n"

@@ -22,6 +22,12 @@ _RANK_SIZE_VARS = (
     ("PMIX_RANK", "OMPI_COMM_WORLD_SIZE"),
     ("SLURM_PROCID", "SLURM_NTASKS"),
 )
+# Every variable that places a process in a job: the pairs above, tf_smb.run's job id
+# and box flag, and Horovod's local rank. A process started without these is a single
+# worker (tf_smb.supervisor.worker_env drops them from what a worker inherits).
+LAUNCHER_VARS = tuple(dict.fromkeys(
+    [var for pair in _RANK_SIZE_VARS for var in pair]
+    + ["TF_SMB_JOB_ID", "TF_SMB_BOX_CREATED", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"]))
 
 
 @dataclasses.dataclass(frozen=True)

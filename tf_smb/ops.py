@@ -23,10 +23,11 @@ from tf_smb import env as env_lib
 _LIB = None
 _JOB: Optional[env_lib.JobInfo] = None
 
-# Seconds a collective waits for the other workers before failing.
-DEFAULT_TIMEOUT_S = 600.0
-DEFAULT_STAGING_BYTES = 1 << 20
-DEFAULT_HEAP_BYTES = 4 << 30  # sparse: only what segments use costs memory
+# The C++ core's defaults (cc/smb/defaults.h): seconds a collective waits for the
+# other workers before failing, the staging buffer per worker, and the heap (sparse:
+# only what result buffers and segments use costs memory).
+from tf_smb._box import (DEFAULT_HEAP_BYTES, DEFAULT_STAGING_BYTES,  # noqa: E402
+                         DEFAULT_TIMEOUT_S)
 
 
 def _library():
@@ -56,12 +57,13 @@ def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = Non
     Args:
       job: where this process sits; detected from the launcher if None.
       timeout_s: how long any collective waits for the others
-        (default: $TF_SMB_TIMEOUT or 600 s).
+        (default: $TF_SMB_TIMEOUT or DEFAULT_TIMEOUT_S).
       staging_bytes: staging buffer per worker, used when this process creates
-        the box (default: $TF_SMB_STAGING_BYTES or 1 MiB).
+        the box (default: $TF_SMB_STAGING_BYTES or DEFAULT_STAGING_BYTES).
       heap_bytes: room for all-reduce result buffers and parameter segments
         (async mode), used when this process creates the box (default:
-        $TF_SMB_HEAP_BYTES or 4 GiB, sparse). Without room, sums are copied out.
+        $TF_SMB_HEAP_BYTES or DEFAULT_HEAP_BYTES, sparse). Without room, sums are
+        copied out.
     Returns:
       The job this process joined.
     """

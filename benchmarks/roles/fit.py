@@ -1,0 +1,166 @@
+"""fit: model.fit throughput of a small CNN or an MLP with one strategy.
+
+    python -m tf_smb.run -np 2 python -m benchmarks.roles.fit --kind=smb_sync \
+        --fit_models=cnn,mlp --fit_epochs=8 --fit_batch=256 --samples=cnn:8192,mlp:32768
+
+Kinds: smb_sync, smb_async (SMBStrategy), horovod (tf_smb.HorovodStrategy, under mpirun
+or horovodrun), mwms (MultiWorkerMirroredStrategy, RING, from TF_CONFIG) and single (one
+process: no strategy, OneDeviceStrategy and a 1-worker SMBStrategy, one epoch each in
+turn). Synthetic data, SGD with momentum, no metrics, no XLA. Every rank prints, per
+model and strategy, its epoch times and its median step time (see `step_summary`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Dict, List, Optional, Sequence
+
+from benchmarks import common
+
+KINDS = ("smb_sync", "smb_async", "horovod", "mwms", "single")
+FIT_MODELS = ("cnn", "mlp")
+
+
+def fit_data(model: str, samples: int):
+    import numpy as np
+    rng = np.random.default_rng(0)
+    shape = (28, 28, 1) if model == "cnn" else (784,)
+    x = rng.random((samples, *shape), dtype=np.float32)
+    y = rng.integers(0, 10, samples).astype(np.int32)
+    return x, y
+
+
+def build_fit_model(model: str):
+    """The small CNN or the MLP, compiled (SGD with momentum, loss only, no XLA)."""
+    import keras
+    keras.utils.set_random_seed(0)  # the same initial weights on every worker and run
+    if model == "cnn":
+        layers = [keras.Input((28, 28, 1)),
+                  keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.MaxPooling2D(),
+                  keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
+                  keras.layers.Flatten(), keras.layers.Dense(64, activation="relu"),
+                  keras.layers.Dense(10)]
+    else:
+        layers = [keras.Input((784,)), keras.layers.Dense(512, activation="relu"),
+                  keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)]
+    net = keras.Sequential(layers, name=f"bench_{model}")
+    net.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                jit_compile=False)
+    return net
+
+
+def run(kind: str, models: Sequence[str], epochs: int, batch: int,
+        samples: Dict[str, int]) -> None:
+    """Fits each model with the strategy `kind`; every rank prints each model's epoch times."""
+    import tensorflow as tf
+
+    if kind == "mwms":  # before anything initializes TensorFlow's context
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+        strategies = {"mwms": tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=options)}
+        rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    else:
+        import tf_smb
+        if kind == "single":
+            strategies = {"none_1": tf.distribute.get_strategy(),
+                          "onedevice_1": tf.distribute.OneDeviceStrategy("/cpu:0"),
+                          "smb_1": tf_smb.SMBStrategy()}
+        elif kind == "horovod":
+            strategies = {kind: tf_smb.HorovodStrategy()}
+        elif kind in ("smb_sync", "smb_async"):
+            strategies = {kind: tf_smb.SMBStrategy(mode=kind[4:])}
+        else:
+            raise ValueError(f"unknown fit strategy {kind!r}")
+        rank = getattr(next(iter(strategies.values())), "rank", 0)
+    import keras
+
+    class EpochTimer(keras.callbacks.Callback):
+        """Each epoch's wall time and the time of each of its training steps."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._supports_tf_logs = True  # no conversion of the logs per step
+            self.times: List[float] = []
+            self.steps: List[List[float]] = []
+            self._start = self._step_start = 0.0
+
+        def on_epoch_begin(self, epoch, logs=None) -> None:
+            self.steps.append([])
+            self._start = time.perf_counter()
+
+        def on_train_batch_begin(self, batch, logs=None) -> None:
+            self._step_start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None) -> None:
+            self.steps[-1].append(time.perf_counter() - self._step_start)
+
+        def on_epoch_end(self, epoch, logs=None) -> None:
+            self.times.append(time.perf_counter() - self._start)
+
+    for model in models:
+        x, y = fit_data(model, samples[model])
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+        nets, timers = {}, {}
+        for name, strategy in strategies.items():
+            with strategy.scope():
+                nets[name] = build_fit_model(model)
+            timers[name] = EpochTimer()
+        if len(nets) == 1:
+            (name, net), = nets.items()
+            net.fit(dataset, epochs=epochs, shuffle=False, verbose=0, callbacks=[timers[name]])
+        else:  # one epoch each in turn, the order rotating: all see the same load
+            for epoch in range(epochs):
+                order = list(nets)[epoch % len(nets):] + list(nets)[:epoch % len(nets)]
+                for name in order:
+                    nets[name].fit(dataset, epochs=1, shuffle=False, verbose=0,
+                                   callbacks=[timers[name]])
+        for name, timer in timers.items():
+            common.print_result({
+                "kind": name, "model": model, "rank": rank,
+                "samples_per_epoch": (samples[model] // batch) * batch,
+                "epoch_s": timer.times, **step_summary(timer.steps)})
+        del nets
+        keras.backend.clear_session()
+
+
+def step_summary(steps: Sequence[Sequence[float]]) -> dict:
+    """A rank's steps in brief (result lines stay short: mpirun may interleave long
+    ones): steps per epoch, and the median step time over the epochs after the
+    first (it traces the step function) that trained any step, else over all."""
+    timed = [t for epoch in steps[1:] for t in epoch] or [t for epoch in steps for t in epoch]
+    return {"steps_per_epoch": [len(epoch) for epoch in steps],
+            "median_step_s": statistics.median(timed) if timed else None}
+
+
+def parse_samples(text: str) -> Dict[str, int]:
+    """'cnn:256,mlp:512' -> {'cnn': 256, 'mlp': 512}."""
+    samples = {}
+    for item in common.split_list(text, ""):
+        model, _, count = item.partition(":")
+        samples[model] = int(count)
+    return samples
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.roles.fit")
+    parser.add_argument("--kind", required=True, choices=KINDS)
+    parser.add_argument("--fit_models", required=True, help=f"comma list of {FIT_MODELS}")
+    parser.add_argument("--fit_epochs", type=int, required=True)
+    parser.add_argument("--fit_batch", type=int, required=True, help="global batch")
+    parser.add_argument("--samples", required=True, help="samples per epoch, model:N,...")
+    args = parser.parse_args(argv)
+    models = common.split_list(args.fit_models, "")
+    samples = parse_samples(args.samples)
+    if any(m not in FIT_MODELS or m not in samples for m in models):
+        parser.error(f"want models of {FIT_MODELS}, each with --samples; got {models}, "
+                     f"{samples}")
+    run(args.kind, models, args.fit_epochs, args.fit_batch, samples)
+
+
+if __name__ == "__main__":
+    main()
