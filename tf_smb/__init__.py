@@ -10,7 +10,7 @@ TensorFlow is imported on first use of a name that needs it, so the launcher
 (`tf_smb.run`) and the core module (`tf_smb._box`) start fast.
 """
 import importlib
-from typing import Any
+from typing import Any, List
 
 __version__ = "0.1.0"
 
@@ -32,9 +32,18 @@ __all__ = sorted(_LAZY)
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        try:
+            module = importlib.import_module(_LAZY[name])
+        except ModuleNotFoundError as e:
+            if e.name != "tensorflow":
+                raise
+            raise ImportError(
+                f"tf_smb.{name} needs TensorFlow, which is not installed. tf_smb "
+                "works with the TensorFlow you choose and installs none itself: "
+                "pip install tensorflow (or tensorflow-cpu).") from e
+        return getattr(module, name)
     raise AttributeError(f"module 'tf_smb' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> List[str]:
     return sorted(list(globals()) + list(_LAZY))

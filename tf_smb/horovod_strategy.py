@@ -1,5 +1,5 @@
 """HorovodStrategy: the reference. The same strategy machinery as SMBStrategy
-(tf_smb/strategy.py) with one thing swapped: gradients are combined by
+(tf_smb/data_parallel.py) with one thing swapped: gradients are combined by
 Horovod's TensorFlow ops (grouped all-reduce, broadcast) under Horovod's MPI or
 Gloo controller instead of through the box. Comparisons between the two
 therefore measure the collectives and nothing else.
@@ -12,12 +12,14 @@ Horovod is optional and reference-only: install it with
 """
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List, Sequence
 
 import tensorflow as tf
 
 from tf_smb import env as env_lib
-from tf_smb.strategy import DataParallelStrategy, SMBExtended
+from tf_smb.collectives import Collectives
+from tf_smb.data_parallel import (DataParallelExtended, DataParallelStrategy,
+                                  GradientClipping, check_gradient_clipping)
 
 INSTALL_HINT = (
     "HorovodStrategy needs Horovod, an optional reference-only dependency. "
@@ -26,7 +28,7 @@ INSTALL_HINT = (
     "cached in ~/.cache/tf_smb). SMBStrategy does not need it.")
 
 
-def _import_horovod():
+def _import_horovod() -> Any:
     try:
         import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
     except ImportError as e:
@@ -34,16 +36,17 @@ def _import_horovod():
     return hvd
 
 
-class HorovodCollectives:
-    """Collectives through Horovod's TensorFlow ops."""
+class HorovodCollectives(Collectives):
+    """Collectives through Horovod's TensorFlow ops (`hvd`: horovod.tensorflow,
+    initialised)."""
 
-    def __init__(self, hvd) -> None:
+    def __init__(self, hvd: Any) -> None:
         self._hvd = hvd
 
-    def allreduce(self, tensors: List[tf.Tensor]) -> List[tf.Tensor]:
-        return list(self._hvd.grouped_allreduce(tensors, op=self._hvd.Sum))
+    def allreduce(self, tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+        return list(self._hvd.grouped_allreduce(list(tensors), op=self._hvd.Sum))
 
-    def broadcast(self, tensors: List[tf.Tensor], root: int) -> List[tf.Tensor]:
+    def broadcast(self, tensors: Sequence[tf.Tensor], root: int) -> List[tf.Tensor]:
         out = []
         for t in tensors:
             as_int = t.dtype == tf.bool
@@ -62,11 +65,20 @@ class HorovodStrategy(DataParallelStrategy):
     per process, variables broadcast from rank 0, one fused all-reduce per
     step, sharded input, evaluate/predict over all workers, rank 0 saves.
     Launch with `horovodrun` (Gloo or MPI) or `mpirun`.
+
+    Args:
+      gradient_clipping: where Keras optimizers created in this scope clip
+        (`clipnorm`, `clipvalue`, `global_clipnorm`), as for SMBStrategy:
+        "after_sum" (default) clips the gradient summed over workers, like one
+        process on the global batch; "per_worker" clips each worker's part
+        before the sum, as Keras does under tf.distribute.MirroredStrategy.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, gradient_clipping: GradientClipping = "after_sum") -> None:
+        check_gradient_clipping(gradient_clipping)
         hvd = _import_horovod()
         hvd.init()
         job = env_lib.JobInfo(rank=hvd.rank(), size=hvd.size(), job_id="horovod",
                               box_created=False, launcher="horovod")
-        self._setup(job, SMBExtended(self, job, collectives=HorovodCollectives(hvd)))
+        self._setup(job, DataParallelExtended(self, job, HorovodCollectives(hvd)),
+                    gradient_clipping)

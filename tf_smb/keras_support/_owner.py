@@ -18,8 +18,8 @@ def multi_worker_strategy(model: Any) -> Optional[Any]:
     model built outside any strategy but saved inside `strategy.scope()` would
     wrongly count as one of ours.
     """
-    # Imported late: tf_smb.strategy imports this package.
-    from tf_smb.strategy import DataParallelStrategy  # pylint: disable=import-outside-toplevel
+    # Imported late: tf_smb.data_parallel imports this package.
+    from tf_smb.data_parallel import DataParallelStrategy  # pylint: disable=import-outside-toplevel
     strategy = getattr(model, "_distribute_strategy", None)
     if isinstance(strategy, DataParallelStrategy) and strategy.size > 1:
         return strategy

@@ -50,7 +50,7 @@ def _states() -> Dict[int, _ApplyState]:
 
 def _tf_smb_strategy(optimizer: Any) -> Optional[Any]:
     """The optimizer's tf_smb strategy, or None for any other optimizer."""
-    from tf_smb.strategy import DataParallelStrategy  # pylint: disable=import-outside-toplevel
+    from tf_smb.data_parallel import DataParallelStrategy  # pylint: disable=import-outside-toplevel
     strategy = getattr(optimizer, "_distribution_strategy", None)
     return strategy if isinstance(strategy, DataParallelStrategy) else None
 

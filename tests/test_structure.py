@@ -1,0 +1,190 @@
+"""The layout of tf_smb's strategy code and the pieces that need no second
+worker: the collectives interface, box segment names, which variable updates
+update="sgd" applies in the box, the error when workers disagree, options of
+HorovodStrategy, and the import error without TensorFlow."""
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from harness import REPO, base_env
+
+
+def _python(code, timeout=300):
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=timeout, cwd=REPO, env=base_env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout
+
+
+# ---- layout -------------------------------------------------------------------
+
+def test_strategy_module_defines_smb_strategy_alone():
+    from tf_smb import strategy
+    own = [name for name, obj in vars(strategy).items()
+           if inspect.isclass(obj) and obj.__module__ == strategy.__name__]
+    assert own == ["SMBStrategy"], own
+    # The shared base stays importable from here, as before the split.
+    from tf_smb.strategy import DataParallelStrategy
+    from tf_smb.data_parallel import DataParallelStrategy as base
+    assert DataParallelStrategy is base and issubclass(strategy.SMBStrategy, base)
+
+
+def test_both_strategies_share_the_neutral_base_and_differ_in_collectives():
+    import tf_smb
+    from tf_smb import collectives, data_parallel, horovod_strategy
+    assert issubclass(tf_smb.SMBStrategy, data_parallel.DataParallelStrategy)
+    assert issubclass(tf_smb.HorovodStrategy, data_parallel.DataParallelStrategy)
+    assert issubclass(collectives.SMBCollectives, collectives.Collectives)
+    assert issubclass(horovod_strategy.HorovodCollectives, collectives.Collectives)
+    source = inspect.getsource(horovod_strategy)
+    assert "SMBExtended" not in source and "tf_smb.strategy" not in source
+    assert not hasattr(data_parallel, "SMBExtended")
+
+
+def test_collectives_interface_is_abstract():
+    from tf_smb.collectives import Collectives
+
+    class NoBarrier(Collectives):
+        def allreduce(self, tensors):
+            return list(tensors)
+
+        def broadcast(self, tensors, root):
+            return list(tensors)
+
+    with pytest.raises(TypeError, match="barrier"):
+        NoBarrier()  # pylint: disable=abstract-class-instantiated
+
+
+def test_allgather_text_over_a_summing_backend():
+    """allgather_text relies on allreduce only: simulate 3 workers' sum."""
+    import tensorflow as tf
+    from tf_smb.collectives import Collectives
+
+    texts = ["'a' float32[2]", "'bb' int64[]", "ünï"]
+
+    class ThreeWorkers(Collectives):
+        def __init__(self):
+            self.rows = []
+
+        def allreduce(self, tensors):
+            self.rows.append(tensors[0])
+            return [tensors[0]] if len(self.rows) < 3 else [tf.add_n(self.rows)]
+
+        def broadcast(self, tensors, root):
+            raise NotImplementedError
+
+        def barrier(self):
+            raise NotImplementedError
+
+    backend = ThreeWorkers()
+    got = [backend.allgather_text(t, rank, 3, 64) for rank, t in enumerate(texts)]
+    assert got[-1] == texts
+    with pytest.raises(ValueError, match="do not fit"):
+        backend.allgather_text("x" * 65, 0, 3, 64)
+
+
+# ---- async mode: segment names, agreement, sgd arguments ------------------------
+
+def test_segment_names_are_paths_kept_short_and_unique():
+    from tf_smb.async_mode import MAX_SEGMENT_NAME_BYTES, segment_name
+    assert MAX_SEGMENT_NAME_BYTES + len("/velocity") <= 127  # the box's limit
+    assert segment_name("sequential/dense/kernel") == "sequential/dense/kernel"
+    assert segment_name("dense/kernel", 2) == "dense/kernel#2"
+    long_a = "model/" + "block_" * 30 + "conv/kernel"
+    long_b = "other/" + "block_" * 30 + "conv/kernel"
+    for path in (long_a, long_b, "modèle/" * 40 + "kernel"):
+        name = segment_name(path)
+        assert len(name.encode("utf-8")) <= MAX_SEGMENT_NAME_BYTES, name
+        assert name.endswith("kernel") and name[8] == "~", name
+        assert segment_name(path) == name  # the same on every worker
+    assert segment_name(long_a) != segment_name(long_b)  # same tail, different hash
+    assert segment_name(long_a, 2) != segment_name(long_a)
+
+
+def test_disagreement_names_every_rank():
+    from tf_smb.async_mode import disagreement_message
+    assert disagreement_message(0, ["'a' float32[2]"] * 3) is None
+    message = disagreement_message(4, ["'a' float32[2]", "'b' float32[2]"])
+    assert "#4" in message and "rank 0: 'a' float32[2]" in message
+    assert "rank 1: 'b' float32[2]" in message and "same order" in message
+
+
+def test_sgd_step_arguments():
+    import keras
+    import tensorflow as tf
+    from tf_smb.async_mode import sgd_step_arguments
+    grad, lr = tf.ones([2]), tf.constant(0.1)
+    assert sgd_step_arguments((grad, lr)) == (grad, lr)       # Keras 3 gradient step
+    assert sgd_step_arguments(()) is None                     # weight decay: delta
+    assert sgd_step_arguments((tf.Variable([1.0, 2.0]),)) is None    # EMA overwrite
+    assert sgd_step_arguments((keras.Variable([1.0, 2.0]),)) is None
+    for gradient in (grad, tf.IndexedSlices(grad, tf.constant([0, 1]))):
+        with pytest.raises(ValueError, match="gradient alone.*update='delta'"):
+            sgd_step_arguments((gradient,))                   # tf_keras: no learning rate
+
+
+# ---- HorovodStrategy options ----------------------------------------------------
+
+def test_horovod_strategy_checks_gradient_clipping_before_starting_horovod():
+    import tf_smb
+    with pytest.raises(ValueError, match="gradient_clipping must be 'after_sum' or 'per_worker'"):
+        tf_smb.HorovodStrategy(gradient_clipping="before_sum")
+    assert "gradient_clipping" in inspect.signature(tf_smb.HorovodStrategy).parameters
+
+
+def test_horovod_strategy_takes_gradient_clipping():
+    p = subprocess.run([sys.executable, "-c", "import horovod.tensorflow"],
+                       capture_output=True, timeout=300)
+    assert p.returncode == 0, "tools/test.sh installs Horovod (tools/install_horovod.sh)"
+    out = _python("import tf_smb\n"
+                  "for value in ('per_worker', 'after_sum'):\n"
+                  "    print(tf_smb.HorovodStrategy(gradient_clipping=value).gradient_clipping)\n"
+                  "print(tf_smb.HorovodStrategy().gradient_clipping)\n")
+    assert out.split() == ["per_worker", "after_sum", "after_sum"]
+
+
+# ---- without TensorFlow -----------------------------------------------------------
+
+def test_names_that_need_tensorflow_say_how_to_install_it():
+    out = _python(
+        "import sys\n"
+        "sys.modules['tensorflow'] = None  # as if not installed\n"
+        "import tf_smb\n"
+        "print('env', tf_smb.detect().size)\n"
+        "for name in ('SMBStrategy', 'HorovodStrategy', 'allreduce'):\n"
+        "    try:\n"
+        "        getattr(tf_smb, name)\n"
+        "    except ImportError as e:\n"
+        "        print(type(e).__name__, type(e.__cause__).__name__, '|', e)\n"
+        "try:\n"
+        "    from tf_smb import SMBStrategy\n"
+        "except ImportError as e:\n"
+        "    print('from-import', e)\n"
+        "try:\n"
+        "    tf_smb.NoSuchName\n"
+        "except AttributeError as e:\n"
+        "    print('attribute', e)\n")
+    lines = out.splitlines()
+    assert lines[0] == "env 1", out
+    for name, line in zip(("SMBStrategy", "HorovodStrategy", "allreduce"), lines[1:4]):
+        assert line.startswith("ImportError ModuleNotFoundError |"), line
+        assert f"tf_smb.{name} needs TensorFlow" in line, line
+        assert "pip install tensorflow (or tensorflow-cpu)" in line, line
+    assert lines[4].startswith("from-import tf_smb.SMBStrategy needs TensorFlow"), out
+    assert lines[5] == "attribute module 'tf_smb' has no attribute 'NoSuchName'", out
+
+
+def test_other_missing_modules_are_not_blamed_on_tensorflow():
+    """A missing module other than tensorflow keeps its own error."""
+    out = _python(
+        "import sys\n"
+        "sys.modules['tf_smb.keras_support'] = None\n"
+        "import tf_smb\n"
+        "try:\n"
+        "    tf_smb.SMBStrategy\n"
+        "except ModuleNotFoundError as e:\n"
+        "    print(e.name)\n")
+    assert out.strip() == "tf_smb.keras_support"
+

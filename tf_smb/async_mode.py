@@ -1,0 +1,302 @@
+"""The asynchronous mode of SMBStrategy: parameters that live in the box.
+
+    engine = AsyncEngine(job, AsyncConfig(staleness=2), SMBCollectives())
+    engine.place(variable)           # at creation: the box holds the master copy
+    engine.run_step(fn, args, kwargs)   # every step: wait (SSP clock), read, run
+    engine.update(var, args, apply_locally, group)   # push a change, or an SGD step
+    engine.finish()                  # at the end: wait for the others, load the box
+
+DataParallelExtended (tf_smb/data_parallel.py) calls these when it has an
+engine; SMBStrategy(mode="async") gives it one when there are 2+ workers.
+
+Each trainable variable has a box segment named after the variable's path
+(see `segment_name`). Every worker creates the same variables in the same
+order; at each creation the workers compare (segment, dtype, shape) and all of
+them raise the same error when any differs, rather than let one worker train
+another's variable.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from tf_smb import env as env_lib
+from tf_smb import keras_support
+from tf_smb import ops as smb_ops
+from tf_smb.collectives import Collectives
+
+# Box segment names have at most 127 bytes (cc/smb/box.h, kSegmentNameBytes);
+# the momentum updater names its velocity segment "<name>/velocity".
+MAX_SEGMENT_NAME_BYTES = 100
+_HASH_CHARS = 8
+# Room for one worker's "'<segment>' <dtype>[<shape>]" in the agreement check.
+_DESCRIPTION_BYTES = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncConfig:
+    """How the asynchronous mode updates parameters in the box."""
+
+    staleness: Optional[int] = None  # None: fully asynchronous
+    update: str = "delta"            # "delta" (any optimizer) or "sgd" (in the box)
+    momentum: float = 0.0            # with update="sgd"
+    consistent: bool = True          # False: hogwild reads
+
+
+@dataclasses.dataclass(frozen=True)
+class BoxParam:
+    """A variable's master copy in the box: segment name, dtype and shape."""
+
+    name: str
+    dtype: tf.DType
+    shape: Tuple[int, ...]
+
+    def describe(self) -> str:
+        """E.g. "'sequential/dense/kernel' float32[4,3]"."""
+        return f"'{self.name}' {self.dtype.name}[{','.join(str(d) for d in self.shape)}]"
+
+
+def segment_name(path: str, occurrence: int = 1) -> str:
+    """The box segment name of the `occurrence`-th variable with `path`.
+
+    The path itself when it fits in MAX_SEGMENT_NAME_BYTES ("dense/kernel";
+    the second "dense/kernel" of a process is "dense/kernel#2"); a longer one
+    keeps its readable end behind a hash of the whole: "1a2b3c4d~...dense/kernel".
+    """
+    name = path if occurrence == 1 else f"{path}#{occurrence}"
+    if 0 < len(name.encode("utf-8")) <= MAX_SEGMENT_NAME_BYTES:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:_HASH_CHARS]
+    room = MAX_SEGMENT_NAME_BYTES - _HASH_CHARS - 1
+    tail = name
+    while len(tail.encode("utf-8")) > room:
+        tail = tail[1:]
+    return f"{digest}~{tail}"
+
+
+def variable_path(variable: tf.Variable) -> str:
+    """Where the variable sits: the `path` of the Keras variable it belongs to
+    while Keras creates it (e.g. "sequential/dense/kernel"), else its
+    TensorFlow name without the ":0" (e.g. "outer/w")."""
+    return _creating_keras_variable_path() or variable.name.rsplit(":", 1)[0]
+
+
+# How far up the stack a Keras variable creating a tf.Variable may sit.
+_KERAS_FRAMES = 40
+
+
+def _creating_keras_variable_path() -> str:
+    """The path of the Keras variable creating a tf.Variable now, else "".
+
+    Keras 3's TensorFlow backend creates the tf.Variable in a method of the
+    keras.Variable (`_initialize`), also when it initialises a variable
+    later than it made it (a subclassed model built in a stateless scope),
+    when Keras' name scope no longer gives the path.
+    """
+    keras = sys.modules.get("keras")
+    keras_variable = getattr(keras, "Variable", None)
+    if keras_variable is None:
+        return ""  # Keras 3 is not loaded, so it is not creating this variable
+    frame = sys._getframe(1)  # pylint: disable=protected-access
+    for _ in range(_KERAS_FRAMES):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, keras_variable):
+            return str(owner.path)
+        frame = frame.f_back
+    return ""
+
+
+def _is_variable(value: Any) -> bool:
+    return isinstance(value, tf.Variable) or (hasattr(value, "assign") and hasattr(value, "value"))
+
+
+def sgd_step_arguments(args: Sequence[Any]) -> Optional[Tuple[Any, Any]]:
+    """With update="sgd": the (gradient, learning_rate) of an update the box
+    applies as an SGD step, or None for an update the worker applies itself
+    and pushes as a change (delta).
+
+    Keras 3 optimizers update a variable from (gradient, learning_rate).
+    Their other updates of trainable variables are not gradient steps and go
+    through as deltas: weight decay (no arguments) and the overwrite with the
+    moving average (`use_ema=True`: one argument, a variable).
+
+    Raises:
+      ValueError: for a gradient without a learning rate (tf_keras/Keras 2 and
+        TF1 optimizers, or `extended.update(var, fn, args=(grad,))`): the box
+        cannot apply an SGD step without one.
+    """
+    if len(args) >= 2:
+        return args[0], args[1]
+    if len(args) == 1 and not _is_variable(args[0]):
+        raise ValueError(
+            "SMBStrategy(mode='async', update='sgd') has the box apply each "
+            "gradient step from (gradient, learning_rate), but this variable "
+            "update passed a gradient alone (1 argument), as tf_keras/Keras 2 "
+            "and TF1 optimizers do. Use a Keras 3 optimizer (keras.optimizers.SGD), "
+            "or update='delta', which works with any optimizer.")
+    return None
+
+
+# Segment names taken in this process (one box per process), so that two
+# strategies, or two variables with one path, never share a segment.
+_TAKEN: Dict[str, int] = {}
+_TAKEN_LOCK = threading.Lock()
+
+
+def _take_segment_name(path: str) -> str:
+    with _TAKEN_LOCK:
+        occurrence = 1
+        while segment_name(path, occurrence) in _TAKEN:
+            occurrence += 1
+        name = segment_name(path, occurrence)
+        _TAKEN[name] = 1
+        return name
+
+
+def disagreement_message(index: int, descriptions: Sequence[str]) -> Optional[str]:
+    """The error when the workers' descriptions of their `index`-th box
+    parameter differ (one per rank), else None."""
+    if len(set(descriptions)) <= 1:
+        return None
+    lines = "\n".join(f"  rank {r}: {d}" for r, d in enumerate(descriptions))
+    return (
+        "SMBStrategy(mode='async'): the workers created different trainable "
+        f"variables as box parameter #{index} (segment, dtype, shape):\n{lines}\n"
+        "Every worker must create the same trainable variables, with the same "
+        "names, in the same order (build the model the same way on every "
+        "worker); otherwise a worker would train another worker's variable. "
+        "Keras numbers unnamed layers per process (dense, dense_1, ...), so a "
+        "model built on some workers only shifts the names of later ones: "
+        "name the layers, or build the same models on every worker.")
+
+
+class AsyncEngine:
+    """Trainable variables held in the box: placing, reading, pushing, clock.
+
+    Args:
+      job: this worker's rank and the number of workers (2 or more).
+      config: how updates are applied (AsyncConfig).
+      collectives: what compares the workers' variables and broadcasts rank
+        0's initial values (the box's collectives).
+    """
+
+    def __init__(self, job: env_lib.JobInfo, config: AsyncConfig,
+                 collectives: Collectives) -> None:
+        self._job = job
+        self._config = config
+        self._collectives = collectives
+        self._params: Dict[Any, BoxParam] = {}
+        with tf.init_scope():
+            # For monitoring: the largest lead over the slowest worker this
+            # worker had when a step started, and the steps it started.
+            self.max_clock_gap = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    @property
+    def config(self) -> AsyncConfig:
+        """The options this engine runs with."""
+        return self._config
+
+    @property
+    def params(self) -> Dict[Any, BoxParam]:
+        """The box parameter of every placed variable, keyed by `variable.ref()`."""
+        return self._params
+
+    def param_of(self, variable: tf.Variable) -> Optional[BoxParam]:
+        """The variable's box parameter, or None when the box does not hold it."""
+        return self._params.get(variable.ref())
+
+    def place(self, variable: tf.Variable) -> None:
+        """Makes the box hold the variable's master copy, from rank 0's value,
+        after checking that every worker creates the same variable here.
+
+        Raises:
+          ValueError: outside eager execution, or (on every worker) when the
+            workers' variables differ in segment name, dtype or shape.
+        """
+        with tf.init_scope():
+            if not tf.executing_eagerly():
+                raise ValueError("SMBStrategy(mode='async') creates variables eagerly; "
+                                 "create them outside tf.function")
+            param = BoxParam(_take_segment_name(variable_path(variable)), variable.dtype,
+                             tuple(variable.shape.as_list()))
+            self._check_same_everywhere(param)
+            value = variable.read_value()
+            if self._job.rank == 0:  # before the broadcast, which orders it first
+                smb_ops.param_create(value, param.name, write=True)
+            variable.assign(self._collectives.broadcast([value], root=0)[0])
+            if self._job.rank != 0:
+                smb_ops.param_create(variable.read_value(), param.name, write=False)
+            self._params[variable.ref()] = param
+
+    def _check_same_everywhere(self, param: BoxParam) -> None:
+        descriptions = self._collectives.allgather_text(
+            param.describe(), self._job.rank, self._job.size, _DESCRIPTION_BYTES)
+        message = disagreement_message(len(self._params), descriptions)
+        if message is not None:
+            raise ValueError(message)
+
+    def read(self, param: BoxParam) -> tf.Tensor:
+        """The box's current value of `param`."""
+        return smb_ops.param_read(param.name, param.dtype, param.shape,
+                                  consistent=self._config.consistent)
+
+    def refresh(self) -> None:
+        """Sets every box-held variable to the box's current value."""
+        for ref, param in self._params.items():
+            ref.deref().assign(self.read(param))
+
+    def run_step(self, fn: Callable[..., Any], args: Sequence[Any],
+                 kwargs: Dict[str, Any]) -> Any:
+        """Waits within the staleness bound (training only), reads the box's
+        current parameters into the local variables, then runs `fn`."""
+        deps: List[Any] = []
+        if not keras_support.in_eval_phase():
+            # After the input arrived: the end of an epoch is not a step.
+            inputs = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
+            with tf.control_dependencies(inputs):
+                gap = smb_ops.clock_tick(self._config.staleness)
+            deps = [self.max_clock_gap.assign(tf.maximum(self.max_clock_gap, gap)),
+                    self.steps.assign_add(1)]
+        with tf.control_dependencies(deps):
+            reads = [(ref.deref(), self.read(p)) for ref, p in self._params.items()]
+            assigns = [v.assign(value) for v, value in reads]
+        with tf.control_dependencies(assigns):
+            return fn(*args, **kwargs)
+
+    def update(self, var: tf.Variable, args: Sequence[Any],
+               apply_locally: Callable[[], Any], group: bool) -> Any:
+        """Updates box-held `var`: the box applies an SGD step (update="sgd"
+        and a gradient step, see `sgd_step_arguments`), or `apply_locally()`
+        runs the worker's own update and its change is pushed into the box.
+        Returns what `extended.update` returns."""
+        param = self._params[var.ref()]
+        step = sgd_step_arguments(args) if self._config.update == "sgd" else None
+        if step is not None:
+            grad, learning_rate = step
+            if isinstance(grad, tf.IndexedSlices):
+                grad = tf.convert_to_tensor(grad)
+            smb_ops.param_apply_sgd(grad, learning_rate, param.name, self._config.momentum)
+            return tf.no_op() if group else (tf.no_op(),)
+        before = tf.identity(var.read_value())
+        with tf.control_dependencies([before]):
+            result = apply_locally()
+        # Reading the variable after the update orders the push after it
+        # (automatic control dependencies order ops on the same variable).
+        with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
+            smb_ops.param_push(var.read_value() - before, param.name)
+        return result
+
+    def finish(self) -> None:
+        """This worker is done training: waits for the other live workers,
+        then loads the box's final values."""
+        smb_ops.clock_finish(True)
+        smb_ops.wait_all_finished()
+        self.refresh()

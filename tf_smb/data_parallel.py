@@ -1,0 +1,448 @@
+"""The data-parallel machinery SMBStrategy and the reference HorovodStrategy
+share: one replica per process, variables that start equal on every worker
+(broadcast from rank 0), gradients summed over workers by a collectives
+backend (tf_smb/collectives.py), sharded input, and reductions and gathers
+over workers. The two strategies differ only in their backend, and in
+SMBStrategy's asynchronous mode (tf_smb/async_mode.py), which plugs in here.
+
+    class MyStrategy(DataParallelStrategy):
+        def __init__(self):
+            job = ...                       # env_lib.JobInfo: rank and size
+            self._setup(job, DataParallelExtended(self, job, MyCollectives()))
+
+How it plugs into TensorFlow and Keras 3 (what TF 2.21 / Keras 3.15 call is
+listed in tests/test_tf_internals.py, which fails, saying what to change, when
+a TensorFlow or Keras version moves it):
+  * the extended class builds on TF's OneDeviceExtended (one local device) and
+    adds what a multi-worker strategy needs: world-sized `num_replicas_in_sync`,
+    sharded input pipelines, cross-worker reductions and gathers;
+  * metric variables (synchronization=ON_READ) are SyncOnReadVariables, so a
+    read outside a replica (Keras' final `evaluate` results) sums them over
+    all workers;
+  * Keras optimizers created in the scope clip the gradient summed over
+    workers (tf_smb/keras_support/optimizer.py; Keras itself clips each
+    replica's part), and LossScaleOptimizer skips a step on every worker when
+    any worker's gradients are not finite;
+  * DataParallelStrategy subclasses tf.distribute.MultiWorkerMirroredStrategy
+    only so that Keras 3 takes its multi-worker path for `predict` (gather
+    rows from all workers) and per-step logs; it skips that class's
+    `__init__` and uses none of its machinery.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence
+
+import tensorflow as tf
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import distribute_utils
+from tensorflow.python.distribute import input_util
+from tensorflow.python.distribute import one_device_strategy
+from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.framework import ops as framework_ops
+from tensorflow.python.ops import control_flow_util
+
+from tf_smb import env as env_lib
+from tf_smb import keras_support
+from tf_smb.collectives import Collectives
+
+if TYPE_CHECKING:
+    from tf_smb.async_mode import AsyncEngine, BoxParam
+
+SUPPORTED_DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64)
+
+GradientClipping = Literal["after_sum", "per_worker"]
+_GRADIENT_CLIPPING = ("after_sum", "per_worker")
+
+
+def check_gradient_clipping(value: Any) -> None:
+    """Raises ValueError unless `value` is a GradientClipping option."""
+    if value not in _GRADIENT_CLIPPING:
+        raise ValueError(
+            f"gradient_clipping must be 'after_sum' or 'per_worker', got {value!r}")
+
+
+_ASYNC_REDUCE_HINT = (
+    "In SMBStrategy(mode='async') workers are not in step: each runs its own "
+    "steps at its own pace, so no other worker holds a matching value to combine "
+    "with, and a collective would wait forever or pair unrelated steps. Use this "
+    "worker's own value instead (strategy.experimental_local_results(value)[0]; "
+    "after strategy.run it is already a plain tensor), or run the reduction under "
+    "a synchronous strategy, e.g. evaluate with mode='sync' after training.")
+
+
+def _is_worker_local_read(value: Any) -> bool:
+    """Reductions TensorFlow and Keras make internally in async mode, which
+    mean this worker's own value: reading a SyncOnRead variable (metrics), and
+    Keras reducing an input batch (PerReplica) only to learn its structure."""
+    flat = tf.nest.flatten(value)
+    return bool(flat) and all(
+        isinstance(v, (values_lib.SyncOnReadVariable, values_lib.PerReplica)) for v in flat)
+
+
+def _check_not_in_xla() -> None:
+    graph = framework_ops.get_default_graph()
+    if control_flow_util.GraphOrParentsInXlaContext(graph):
+        raise ValueError(
+            "tf_smb's collectives have no XLA kernel, so they cannot run "
+            "inside jit_compile=True. Set jit_compile=False: "
+            "model.compile(..., jit_compile=False), or "
+            "tf.function(..., jit_compile=False) for a custom loop.")
+
+
+class DataParallelExtended(one_device_strategy.OneDeviceExtended):
+    """The workings of a DataParallelStrategy: one local device, many workers.
+
+    Args:
+      container_strategy: the strategy this belongs to.
+      job: this worker's rank and the number of workers.
+      collectives: what combines tensors across workers.
+      device: the local device.
+      async_engine: SMBStrategy(mode="async") with 2+ workers: trainable
+        variables live in the box and workers do not wait for each other.
+    """
+
+    def __init__(self, container_strategy: "DataParallelStrategy", job: env_lib.JobInfo,
+                 collectives: Collectives, device: str = "/cpu:0",
+                 async_engine: Optional["AsyncEngine"] = None) -> None:
+        super().__init__(container_strategy, device)
+        self._job = job
+        self._collectives = collectives
+        self._engine = async_engine
+        # Distributed iterators agree across workers on whether any worker
+        # still has data, so uneven shards end every worker's epoch together.
+        self.experimental_enable_get_next_as_optional = True
+        self.enable_partial_batch_handling = True
+
+    # -- who we are ---------------------------------------------------------
+    @property
+    def collectives(self) -> Collectives:
+        """What combines tensors across workers."""
+        return self._collectives
+
+    @property
+    def async_engine(self) -> Optional["AsyncEngine"]:
+        """The asynchronous engine, or None when workers train in step."""
+        return self._engine
+
+    @property
+    def _box_params(self) -> Dict[Any, "BoxParam"]:
+        """Async: the box parameter of every box-held variable, by `ref()`."""
+        return self._engine.params if self._engine is not None else {}
+
+    @property
+    def steps(self) -> tf.Variable:
+        """Async: the training steps this worker started."""
+        return self._require_engine("steps").steps
+
+    @property
+    def max_clock_gap(self) -> tf.Variable:
+        """Async: the largest lead over the slowest worker this worker had
+        when a step started."""
+        return self._require_engine("max_clock_gap").max_clock_gap
+
+    def _require_engine(self, what: str) -> "AsyncEngine":
+        if self._engine is None:
+            raise AttributeError(f"{what}: only SMBStrategy(mode='async') with 2+ "
+                                 "workers counts steps")
+        return self._engine
+
+    def _in_multi_worker_mode(self) -> bool:
+        # Asynchronous workers never wait for each other's input or logs.
+        return self._job.size > 1 and self._engine is None
+
+    @property
+    def _num_replicas_in_sync(self) -> int:
+        # Asynchronously each worker is a replica group of its own: Keras then
+        # does not divide the loss, and a push carries the full gradient.
+        return 1 if self._engine is not None else self._job.size
+
+    def _get_local_replica_id(self, replica_id_in_sync_group: int) -> int:
+        return replica_id_in_sync_group - self._job.rank
+
+    @property
+    def should_checkpoint(self) -> bool:
+        return self._job.rank == 0
+
+    @property
+    def should_save_summary(self) -> bool:
+        return self._job.rank == 0
+
+    @property
+    def experimental_should_init(self) -> bool:
+        return True
+
+    # -- variables ----------------------------------------------------------
+    def _create_variable(self, next_creator, **kwargs):
+        if kwargs.get("synchronization",
+                      tf.VariableSynchronization.AUTO) == tf.VariableSynchronization.AUTO:
+            # As under MirroredStrategy: every worker writes its copy in step.
+            kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE
+        synchronization = kwargs["synchronization"]
+        aggregation = kwargs.get("aggregation", tf.VariableAggregation.NONE)
+        if (synchronization == tf.VariableSynchronization.ON_READ
+                and aggregation != tf.VariableAggregation.NONE):
+            # Worker-local state (metrics) that sums/averages over workers
+            # when read outside a replica.
+            local = super()._create_variable(next_creator, **kwargs)
+            return values_lib.SyncOnReadVariable(
+                self._container_strategy(), [local], aggregation)
+        variable = super()._create_variable(next_creator, **kwargs)
+        if self._job.size > 1:
+            if self._engine is not None and variable.trainable:
+                self._engine.place(variable)
+            else:
+                self._broadcast_initial_value(variable)
+        return variable
+
+    def _broadcast_initial_value(self, variable: tf.Variable) -> None:
+        """Makes rank 0's initial value everyone's."""
+        with tf.init_scope():
+            if not tf.executing_eagerly():
+                return  # TF1-style graph: initialisers run later, not here
+            value = variable.read_value()
+            if value.dtype not in SUPPORTED_DTYPES and value.dtype != tf.bool:
+                return  # e.g. string or resource state: not model parameters
+            variable.assign(self._collectives.broadcast([value], root=0)[0])
+
+    def _local_results(self, value):
+        if isinstance(value, (values_lib.DistributedValues, tf.distribute.DistributedValues)):
+            return value._values  # pylint: disable=protected-access
+        return (value,)
+
+    # -- input --------------------------------------------------------------
+    def _make_input_context(self) -> distribute_lib.InputContext:
+        return distribute_lib.InputContext(
+            num_input_pipelines=self._job.size,
+            input_pipeline_id=self._job.rank,
+            num_replicas_in_sync=self._job.size)
+
+    def _experimental_distribute_dataset(self, dataset, options):
+        if self._engine is not None:
+            # Training: each worker takes every size-th batch. Evaluation and
+            # prediction: every worker sees all data (no collectives needed).
+            if not keras_support.in_eval_phase():
+                dataset = dataset.shard(self._job.size, self._job.rank)
+            return super()._experimental_distribute_dataset(dataset, options)
+        if self._job.size == 1:
+            # One worker: nothing to shard. The plain dataset, as the default
+            # strategy gives it, spares tf.distribute's iterator wrappers
+            # (measured: ~20% of an MLP's fit throughput).
+            return dataset
+        # Rebatch the global batch to global/size and shard it by worker, as
+        # MultiWorkerMirroredStrategy does; the iterator then ends every
+        # worker's epoch together even when shards have unequal length.
+        return input_util.get_distributed_dataset(
+            dataset,
+            self._input_workers_with_options(options),
+            self._container_strategy(),
+            num_replicas_in_sync=self._job.size,
+            input_context=self._make_input_context(),
+            options=options)
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        if self._job.size == 1:
+            return dataset_fn(self._make_input_context())
+        return input_util.get_distributed_datasets_from_function(
+            dataset_fn,
+            self._input_workers_with_options(options),
+            [self._make_input_context()],
+            self._container_strategy(),
+            options=options)
+
+    def _experimental_distribute_values_from_function(self, value_fn):
+        return value_fn(distribute_lib.ValueContext(self._job.rank, self._job.size))
+
+    # -- running a step -----------------------------------------------------
+    def _call_for_each_replica(self, fn, args, kwargs):
+        if self._job.size > 1:
+            _check_not_in_xla()
+        strategy = self._container_strategy()
+        # Multi-worker input arrives as PerReplica values of one local replica.
+        args = distribute_utils.select_replica(0, args)
+        kwargs = distribute_utils.select_replica(0, kwargs)
+        with framework_ops.device(self._device), _WorkerReplicaContext(
+                strategy, self._job.rank):
+            if self._engine is None:
+                return fn(*args, **kwargs)
+            return self._engine.run_step(fn, args, kwargs)
+
+    def _update(self, var, fn, args, kwargs, group):
+        if self._engine is None or self._engine.param_of(var) is None:
+            return super()._update(var, fn, args, kwargs, group)
+        return self._engine.update(
+            var, args, lambda: super(DataParallelExtended, self)._update(
+                var, fn, args, kwargs, group), group)
+
+    # -- reductions -----------------------------------------------------------
+    def _local_tensor(self, value: Any) -> tf.Tensor:
+        if isinstance(value, (values_lib.DistributedValues, tf.distribute.DistributedValues)):
+            value = value._values[0]  # pylint: disable=protected-access
+        if isinstance(value, tf.IndexedSlices):
+            value = tf.convert_to_tensor(value)
+        return tf.convert_to_tensor(value)
+
+    def all_reduce(self, reduce_op: tf.distribute.ReduceOp,
+                   values: Sequence[Any]) -> List[tf.Tensor]:
+        """Sums (or averages) local values over all workers, in one collective.
+
+        Local only (an identity) for one worker and in async mode.
+        """
+        tensors = [self._local_tensor(v) for v in values]
+        if self._job.size == 1 or not tensors or self._engine is not None:
+            # One worker, or asynchronous workers: nothing to combine.
+            return [tf.identity(t) for t in tensors]
+        _check_not_in_xla()
+        for t in tensors:
+            if t.dtype not in SUPPORTED_DTYPES:
+                raise tf.errors.InvalidArgumentError(
+                    None, None,
+                    "tf_smb reduces float32, float64, float16, bfloat16, "
+                    f"int32 and int64 tensors; got {t.dtype.name}")
+        summed = self._collectives.allreduce(tensors)
+        if reduce_op == tf.distribute.ReduceOp.MEAN:
+            summed = [s / tf.cast(self._job.size, s.dtype) if s.dtype.is_floating
+                      else s // self._job.size for s in summed]
+        return summed
+
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        del destinations, options
+        if self._engine is not None and not _is_worker_local_read(value):
+            raise ValueError(
+                "strategy.reduce (and extended.reduce_to) would combine values over "
+                f"workers. {_ASYNC_REDUCE_HINT}")
+        # Keras passes whole structures here (e.g. an (x, y) batch).
+        flat = tf.nest.flatten(value)
+        return tf.nest.pack_sequence_as(value, self.all_reduce(reduce_op, flat))
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        del options
+        return self.all_reduce(reduce_op, [v for v, _ in value_destination_pairs])
+
+    def _gather_to_implementation(self, value, destinations, axis, options):
+        del destinations, options
+        if self._engine is not None:
+            # Keras gathers only for synchronous multi-worker predict.
+            raise ValueError(
+                f"strategy.gather would collect values from all workers. {_ASYNC_REDUCE_HINT}")
+        local = self._local_tensor(value)
+        if self._job.size == 1:
+            return tf.identity(local)
+        return self._all_gather(local, axis)
+
+    def _all_gather(self, local: tf.Tensor, axis: int) -> tf.Tensor:
+        """Concatenates every worker's tensor along `axis` (lengths may differ).
+
+        Each worker places its rows at its own offset in a zero buffer and the
+        buffers are summed over workers: x + 0 is exact for every dtype.
+        """
+        size, rank = self._job.size, self._job.rank
+        is_bool = local.dtype == tf.bool
+        if is_bool:
+            local = tf.cast(local, tf.int32)
+        moved = tf.experimental.numpy.moveaxis(local, axis, 0) if axis else local
+        length = tf.shape(moved, out_type=tf.int64)[0]
+        lengths = self._collectives.allreduce(
+            [tf.one_hot(rank, size, dtype=tf.int64) * length])[0]
+        longest = tf.reduce_max(lengths)
+        padded = tf.pad(moved, [[0, longest - length]] + [[0, 0]] * (moved.shape.rank - 1))
+        slots = tf.scatter_nd(tf.constant([[rank]], tf.int64), padded[tf.newaxis],
+                              tf.concat([[size], tf.shape(padded, out_type=tf.int64)], 0))
+        summed = self._collectives.allreduce([slots])[0]
+        parts = [summed[r, :lengths[r]] for r in range(size)]
+        gathered = tf.concat(parts, axis=0)
+        if axis:
+            gathered = tf.experimental.numpy.moveaxis(gathered, 0, axis)
+        return tf.cast(gathered, tf.bool) if is_bool else gathered
+
+
+class _WorkerReplicaContext(distribute_lib.ReplicaContext):
+    """The replica context of this worker: replica `rank` of `size`."""
+
+    def __init__(self, strategy: "DataParallelStrategy", rank: int) -> None:
+        distribute_lib.ReplicaContext.__init__(
+            self, strategy, replica_id_in_sync_group=rank)
+
+    @property
+    def devices(self):
+        return self._strategy.extended.worker_devices
+
+
+class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """What SMBStrategy and the reference HorovodStrategy share: one replica
+    per process, variables broadcast from rank 0, gradients combined by the
+    extended's collectives backend (see DataParallelExtended).
+
+    Subclasses build a DataParallelExtended and call `_setup` from their
+    `__init__` (MultiWorkerMirroredStrategy's own `__init__` is not run).
+    """
+
+    def _setup(self, job: env_lib.JobInfo, extended: DataParallelExtended,
+               gradient_clipping: GradientClipping = "after_sum") -> None:
+        """Makes this strategy run `extended` for `job`."""
+        check_gradient_clipping(gradient_clipping)
+        self._job = job
+        self._gradient_clipping = gradient_clipping
+        keras_support.install_optimizer_hooks()
+        if job.size > 1:
+            keras_support.saves_on_rank0_only(job.rank)
+        # Skip MultiWorkerMirroredStrategy.__init__ (it would set up TF's own
+        # collectives and cluster): tf.distribute.Strategy's is all we need.
+        tf.distribute.Strategy.__init__(self, extended)  # pylint: disable=non-parent-init-called
+
+    @property
+    def rank(self) -> int:
+        """This worker's index."""
+        return self._job.rank
+
+    @property
+    def size(self) -> int:
+        """The number of workers."""
+        return self._job.size
+
+    @property
+    def gradient_clipping(self) -> GradientClipping:
+        """Where Keras optimizers created in this strategy's scope clip
+        (`clipnorm`, `clipvalue`, `global_clipnorm`): "after_sum" clips the
+        gradient summed over workers, as one process on the global batch does;
+        "per_worker" clips each worker's part before the sum, as Keras does
+        under tf.distribute.MirroredStrategy."""
+        return self._gradient_clipping
+
+    def reduce(self, reduce_op, value, axis):
+        """Reduces `value` over workers (and along `axis` when it has one).
+
+        Keras 3 reduces every step's scalar logs with axis=0; a scalar has no
+        axis 0, so it is reduced over workers only. Input batches (PerReplica
+        values from a distributed dataset) differ in shape between workers and
+        cannot be combined: Keras reduces one only to learn its structure, so
+        this worker's batch is returned.
+
+        Raises:
+          ValueError: in SMBStrategy(mode="async"), whose workers are not in
+            step (reading a metric still gives this worker's value).
+        """
+        if any(isinstance(v, values_lib.PerReplica) for v in tf.nest.flatten(value)):
+            return tf.nest.map_structure(
+                lambda v: v.values[0] if isinstance(v, values_lib.PerReplica) else v,
+                value)
+        if axis is not None and all(
+                getattr(v, "shape", None) is not None and v.shape.rank == 0
+                for v in tf.nest.flatten(value)):
+            axis = None
+        return super().reduce(reduce_op, value, axis)
+
+    def barrier(self) -> None:
+        """Returns once every worker has reached it (call it eagerly, on every worker)."""
+        if self._job.size > 1:
+            self.extended.collectives.barrier()
+
+    @property
+    def cluster_resolver(self) -> None:
+        """None: no cluster resolver; the launcher tells each process its rank
+        and the number of workers (tf_smb.env)."""
+        return None
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "DataParallelStrategy":
+        # Strategies are shared, not copied (Keras deep-copies configs).
+        memo[id(self)] = self
+        return self
