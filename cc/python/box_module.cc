@@ -129,7 +129,7 @@ PYBIND11_MODULE(_box, m) {
         return std::make_unique<BoxHandle>(std::move(box));
       },
       py::arg("job_id"), py::arg("world"), py::arg("staging_bytes") = smb::kDefaultStagingBytes,
-      py::arg("heap_bytes") = size_t{4} << 30,
+      py::arg("heap_bytes") = smb::kDefaultHeapBytes,
       "Creates a job's box (mode 0600); it is removed when the last user closes.");
 
   py::class_<BoxHandle>(m, "Box")
