@@ -102,3 +102,41 @@ def rank_lines(output: str, rank: int) -> List[str]:
     """Lines the launcher printed for `rank`, without the prefix."""
     prefix = f"[{rank}]: "
     return [l[len(prefix):] for l in output.splitlines() if l.startswith(prefix)]
+
+
+def run_mpirun(np_: int, args: Sequence[str], timeout: float, result_dir: str,
+               env: Optional[Dict[str, str]] = None) -> List[dict]:
+    """Runs `mpirun -np N python args... --result_dir DIR` (no tf_smb launcher
+    variables: ranks come from Open MPI) and returns each rank's result file."""
+    e = {k: v for k, v in base_env(env).items() if not k.startswith("TF_SMB_")}
+    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_),
+            sys.executable, *args, "--result_dir", result_dir]
+    r = _run_one(argv, timeout, e, cwd=REPO)
+    assert r.returncode == 0, f"mpirun exited with {r.returncode}:\n{r.stderr[-4000:]}{r.stdout[-2000:]}"
+    results = []
+    for rank in range(np_):
+        with open(os.path.join(result_dir, f"rank{rank}.json")) as f:
+            results.append(json.load(f))
+    return results
+
+
+def require_horovod() -> None:
+    """Fails (does not skip) when Horovod is missing: tools/test.sh installs it."""
+    p = subprocess.run([sys.executable, "-c", "import horovod.tensorflow"],
+                       capture_output=True, timeout=300)
+    assert p.returncode == 0, "tools/test.sh installs Horovod (tools/install_horovod.sh)"
+
+
+def max_diff(a, b) -> float:
+    """The largest |a - b| over two lists of arrays (e.g. model weights)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
+
+
+def run_python(code: str, timeout: float = 300) -> str:
+    """Runs `python -c code` from the repository; fails with its stderr if it
+    fails; returns its stdout."""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=timeout, cwd=REPO, env=base_env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout

@@ -4,7 +4,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 

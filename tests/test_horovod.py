@@ -9,16 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from harness import REPO, WORKERS, base_env, run_single
+from harness import REPO, WORKERS, base_env, max_diff, require_horovod, run_mpirun, run_python, run_single
 
 KERAS = os.path.join(WORKERS, "keras_worker.py")
 B = 8
 
 
-def _have_horovod() -> bool:
-    p = subprocess.run([sys.executable, "-c", "import horovod.tensorflow"],
-                       capture_output=True, timeout=300)
-    return p.returncode == 0
 
 
 def _env():
@@ -28,8 +24,6 @@ def _env():
     return env
 
 
-def _max_diff(a, b):
-    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
 
 
 @pytest.fixture(scope="module")
@@ -37,34 +31,32 @@ def single():
     return run_single([KERAS, "fit", "--batch", str(2 * B)], timeout=300).check().json()
 
 
-def _check_equivalent(tmp_path, single, p):
-    assert p.returncode == 0, p.stderr[-4000:] + p.stdout[-2000:]
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+def _check_equivalent(results, single):
     for r in results:
         assert r["size"] == 2
-        assert _max_diff(r["weights"], single["weights"]) < 1e-5, f"rank {r['rank']}"
+        assert max_diff(r["weights"], single["weights"]) < 1e-5, f"rank {r['rank']}"
         for metric in ("loss", "accuracy"):
             assert r["eval"][metric] == pytest.approx(single["eval"][metric], abs=1e-5)
         np.testing.assert_allclose(r["pred"], single["pred"], atol=1e-5)
 
 
 def test_horovodrun_gloo_equals_one_process_on_global_batch(tmp_path, single):
-    assert _have_horovod(), "tools/test.sh installs Horovod (tools/install_horovod.sh)"
+    require_horovod()
     horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable))
     assert horovodrun, "horovodrun is installed with Horovod"
     p = subprocess.run([horovodrun, "-np", "2", "--gloo", sys.executable, KERAS, "fit",
                         "--batch", str(B), "--result_dir", str(tmp_path)],
                        env=_env(), capture_output=True, text=True, timeout=600, cwd=REPO)
-    _check_equivalent(tmp_path, single, p)
+    assert p.returncode == 0, p.stderr[-4000:] + p.stdout[-2000:]
+    _check_equivalent([json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)],
+                      single)
 
 
 def test_mpirun_equals_one_process_on_global_batch(tmp_path, single):
-    assert _have_horovod(), "tools/test.sh installs Horovod (tools/install_horovod.sh)"
-    p = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
-                        sys.executable, KERAS, "fit", "--batch", str(B),
-                        "--result_dir", str(tmp_path)],
-                       env=_env(), capture_output=True, text=True, timeout=600, cwd=REPO)
-    _check_equivalent(tmp_path, single, p)
+    require_horovod()
+    results = run_mpirun(2, [KERAS, "fit", "--batch", str(B)], timeout=600,
+                         result_dir=str(tmp_path), env={"TEST_STRATEGY": "horovod"})
+    _check_equivalent(results, single)
 
 
 def test_without_horovod_smb_works_and_horovod_says_how_to_install():
@@ -78,8 +70,6 @@ def test_without_horovod_smb_works_and_horovod_says_how_to_install():
         "    tf_smb.HorovodStrategy()\n"
         "except ImportError as e:\n"
         "    print('hint:', e)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, cwd=REPO, env=base_env())
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "smb ok 1" in p.stdout
-    assert "hint:" in p.stdout and "tools/install_horovod.sh" in p.stdout
+    stdout = run_python(code)
+    assert "smb ok 1" in stdout
+    assert "hint:" in stdout and "tools/install_horovod.sh" in stdout

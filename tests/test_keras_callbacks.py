@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 
-from harness import WORKERS, run_ranks, run_single
+from harness import WORKERS, max_diff, run_ranks, run_single
 
 WORKER = os.path.join(WORKERS, "keras_callbacks_worker.py")
 TIMEOUT = 300
@@ -19,8 +19,6 @@ def _ok(results):
     return [r.check().json() for r in results]
 
 
-def _max_diff(a, b):
-    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
 
 
 def _tf_smb_lines(result, text):
@@ -141,7 +139,7 @@ def test_sync_job_killed_and_relaunched_ends_as_uninterrupted(
     resumed = _ok(run_ranks(command, 2, timeout=TIMEOUT))  # the same command, a new job
     for r, ref in zip(resumed, uninterrupted_sync):
         assert r["epochs_run"] == list(range(resumed_at, 4)), f"rank {r['rank']}"
-        assert _max_diff(r["weights"], ref["weights"]) < 1e-5, f"rank {r['rank']}"
+        assert max_diff(r["weights"], ref["weights"]) < 1e-5, f"rank {r['rank']}"
         np.testing.assert_allclose(r["loss"], ref["loss"][resumed_at:], atol=1e-5)
         assert not r["backup_left"], f"rank {r['rank']}: backup not deleted at the end"
     assert not os.path.exists(tmp_path / "backup")
@@ -157,5 +155,5 @@ def test_async_job_killed_and_relaunched_resumes_from_backup_in_the_box(tmp_path
         # The restored values are the box's master copies before any step.
         assert r["box_equals_restored"], f"rank {r['rank']}"
         assert np.isfinite(r["loss"]).all() and not r["backup_left"], f"rank {r['rank']}"
-    assert _max_diff(resumed[0]["initial_weights"], resumed[1]["initial_weights"]) == 0.0
+    assert max_diff(resumed[0]["initial_weights"], resumed[1]["initial_weights"]) == 0.0
     assert not os.path.exists(tmp_path / "backup")

@@ -2,15 +2,12 @@
 (loss scaling) with a non-finite gradient on one rank, variable
 synchronization, and async mode's reduce/gather."""
 import functools
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from harness import REPO, WORKERS, base_env, run_ranks, run_single
+from harness import WORKERS, max_diff, require_horovod, run_mpirun, run_python, run_ranks, run_single
 
 WORKER = os.path.join(WORKERS, "keras_optimizer_worker.py")
 B = 8  # per-worker batch
@@ -21,8 +18,6 @@ MIRRORED_VARIANTS = ("clipnorm", "clipvalue", "global_clipnorm")
 ENV = {"TEST_TIMEOUT": "60"}  # a rank waiting on a collective fails within a minute
 
 
-def _max_diff(a, b):
-    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
 
 
 def _data_args(world):
@@ -52,8 +47,8 @@ def test_clipping_after_sum_equals_one_process_on_global_batch(world):
     for variant in CLIP_VARIANTS:
         for r in workers:
             # Gradient accumulation too: summed exactly once per update.
-            assert _max_diff(r[variant], single[variant]) < 1e-5, (variant, f"rank {r['rank']}")
-            assert _max_diff(r[variant], workers[0][variant]) == 0.0, (variant, f"rank {r['rank']}")
+            assert max_diff(r[variant], single[variant]) < 1e-5, (variant, f"rank {r['rank']}")
+            assert max_diff(r[variant], workers[0][variant]) == 0.0, (variant, f"rank {r['rank']}")
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -69,9 +64,9 @@ def test_per_worker_clipping_equals_mirrored_strategy(world):
     single = _one_process(world)
     for variant in MIRRORED_VARIANTS:
         for r in workers:
-            assert _max_diff(r[variant], mirrored[variant]) < 1e-5, (variant, f"rank {r['rank']}")
+            assert max_diff(r[variant], mirrored[variant]) < 1e-5, (variant, f"rank {r['rank']}")
         # The two options really differ here: clipping changed the updates.
-        assert _max_diff(mirrored[variant], single[variant]) > 1e-3, variant
+        assert max_diff(mirrored[variant], single[variant]) > 1e-3, variant
 
 
 def test_variables_in_scope_are_on_write_as_under_mirrored_strategy():
@@ -94,31 +89,21 @@ def test_loss_scaling_skips_the_same_step_on_every_rank(world):
             assert got["scales"] == want["scales"], where
             assert got["iterations"] == want["iterations"] == [1, 1, 2, 3], where
             assert got["finite"], where
-            assert _max_diff(got["weights"], workers[0][policy]["weights"]) == 0.0, where
+            assert max_diff(got["weights"], workers[0][policy]["weights"]) == 0.0, where
             # float16 arithmetic rounds differently on a batch of B than of world*B.
-            assert _max_diff(got["weights"], want["weights"]) < tolerance, where
+            assert max_diff(got["weights"], want["weights"]) < tolerance, where
 
 
 def test_horovod_strategy_clips_the_summed_gradient(tmp_path):
-    p = subprocess.run([sys.executable, "-c", "import horovod.tensorflow"],
-                       capture_output=True, timeout=300)
-    assert p.returncode == 0, "tools/test.sh installs Horovod (tools/install_horovod.sh)"
-    env = base_env(ENV)
-    for key in [k for k in env if k.startswith("TF_SMB_")]:
-        del env[key]
+    require_horovod()
     variants = "clipnorm,global_clipnorm"
-    p = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
-                        sys.executable, WORKER, "clip", "--strategy", "horovod",
-                        "--variants", variants, "--result_dir", str(tmp_path),
-                        *_data_args(2)],
-                       env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert p.returncode == 0, p.stderr[-4000:] + p.stdout[-2000:]
+    results = run_mpirun(2, [WORKER, "clip", "--strategy", "horovod", "--variants", variants,
+                             *_data_args(2)], timeout=300, result_dir=str(tmp_path), env=ENV)
     single = _one_process(2)
-    for rank in range(2):
-        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for rank, r in enumerate(results):
         assert r["size"] == 2
         for variant in variants.split(","):
-            assert _max_diff(r[variant], single[variant]) < 1e-5, (variant, f"rank {rank}")
+            assert max_diff(r[variant], single[variant]) < 1e-5, (variant, f"rank {rank}")
 
 
 def test_async_reduce_and_gather_raise_while_keras_still_works():
@@ -145,11 +130,9 @@ def test_gradient_clipping_option_is_checked():
             "    except ValueError as e:\n"
             "        print('refused:', e)\n"
             "print('default', tf_smb.SMBStrategy().gradient_clipping)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, cwd=REPO, env=base_env())
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.splitlines() == [
+    stdout = run_python(code)
+    assert stdout.splitlines() == [
         "accepted after_sum", "accepted per_worker",
         "refused: gradient_clipping must be 'after_sum' or 'per_worker', got 'before_sum'",
         "refused: gradient_clipping must be 'after_sum' or 'per_worker', got None",
-        "default after_sum"], p.stdout
+        "default after_sum"], stdout

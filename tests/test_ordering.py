@@ -3,10 +3,9 @@ workers still pair up correctly (matched by call site, not by arrival), and
 Keras features that put several collectives in one step train like one process."""
 import os
 
-import numpy as np
 import pytest
 
-from harness import WORKERS, run_ranks, run_single
+from harness import WORKERS, max_diff, run_ranks, run_single
 
 ORDERING = os.path.join(WORKERS, "ordering_worker.py")
 B = 8  # per-worker batch
@@ -37,8 +36,6 @@ def test_stress_catches_pairing_by_arrival():
                for r in results), results
 
 
-def _max_diff(a, b):
-    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -51,5 +48,5 @@ def test_steps_per_execution_and_gradient_accumulation_equal_one_process(world):
         assert r["size"] == world
         assert set(r["weights"]) == {"spe1", "spe4", "spe7", "accum2"}
         for name, weights in r["weights"].items():
-            diff = _max_diff(weights, single["weights"][name])
+            diff = max_diff(weights, single["weights"][name])
             assert diff < 1e-5, f"rank {r['rank']} {name}: max |dw| {diff}"

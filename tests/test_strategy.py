@@ -6,14 +6,12 @@ import os
 import numpy as np
 import pytest
 
-from harness import WORKERS, rank_lines, run_launcher, run_ranks, run_single
+from harness import WORKERS, max_diff, run_launcher, run_ranks, run_single
 
 KERAS = os.path.join(WORKERS, "keras_worker.py")
 B = 8  # per-worker batch
 
 
-def _max_diff(a, b):
-    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +27,8 @@ def fit_two():
 def test_fit_two_workers_equal_one_process_on_global_batch(fit_single, fit_two):
     assert fit_single["size"] == 1 and [r["size"] for r in fit_two] == [2, 2]
     for r in fit_two:
-        assert _max_diff(r["weights"], fit_single["weights"]) < 1e-5, f"rank {r['rank']}"
-    assert _max_diff(fit_two[0]["weights"], fit_two[1]["weights"]) == 0.0
+        assert max_diff(r["weights"], fit_single["weights"]) < 1e-5, f"rank {r['rank']}"
+    assert max_diff(fit_two[0]["weights"], fit_two[1]["weights"]) == 0.0
 
 
 def test_evaluate_covers_all_data(fit_single, fit_two):
@@ -52,7 +50,7 @@ def test_custom_loop_two_workers_equal_one_process():
     single = run_single([KERAS, "custom", "--batch", str(2 * B)], timeout=300).check().json()
     two = [r.check().json() for r in run_ranks([KERAS, "custom", "--batch", str(B)], 2, timeout=300)]
     for r in two:
-        assert _max_diff(r["weights"], single["weights"]) < 1e-5, f"rank {r['rank']}"
+        assert max_diff(r["weights"], single["weights"]) < 1e-5, f"rank {r['rank']}"
         np.testing.assert_allclose(r["loss"], single["loss"], rtol=1e-5)
         # distribute_datasets_from_function + strategy.reduce count the whole test set.
         assert r["total"] == 53 and r["correct"] == single["correct"]
@@ -62,7 +60,7 @@ def test_uneven_shards_do_not_hang():
     two = [r.check().json() for r in run_ranks([KERAS, "uneven"], 2, timeout=300)]
     # Every worker runs as many steps as the longest shard (5), then stops.
     assert [r["steps"] for r in two] == [5, 5]
-    assert _max_diff(two[0]["weights"], two[1]["weights"]) == 0.0
+    assert max_diff(two[0]["weights"], two[1]["weights"]) == 0.0
     assert all(np.isfinite(np.asarray(w)).all() for w in two[0]["weights"])
 
 
@@ -114,7 +112,7 @@ def test_ops_every_dtype_and_initial_broadcast():
     for r in results:
         assert r["bad"] == [], f"rank {r['rank']}"
     # Seeded differently, yet both start from rank 0's initial weights.
-    assert _max_diff(results[0]["weights"], results[1]["weights"]) == 0.0
+    assert max_diff(results[0]["weights"], results[1]["weights"]) == 0.0
 
 
 @pytest.mark.parametrize("world,heap", [(2, None), (3, None), (2, 0)])
@@ -163,4 +161,4 @@ def test_mpirun_launch_without_our_launcher(fit_single, tmp_path):
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert sorted(r["rank"] for r in results) == [0, 1]
     for r in results:
-        assert _max_diff(r["weights"], fit_single["weights"]) < 1e-5, f"rank {r['rank']}"
+        assert max_diff(r["weights"], fit_single["weights"]) < 1e-5, f"rank {r['rank']}"

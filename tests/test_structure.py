@@ -8,14 +8,9 @@ import sys
 
 import pytest
 
-from harness import REPO, base_env
+from harness import run_python
 
 
-def _python(code, timeout=300):
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=timeout, cwd=REPO, env=base_env())
-    assert p.returncode == 0, p.stderr[-3000:]
-    return p.stdout
 
 
 # ---- layout -------------------------------------------------------------------
@@ -138,7 +133,7 @@ def test_horovod_strategy_takes_gradient_clipping():
     p = subprocess.run([sys.executable, "-c", "import horovod.tensorflow"],
                        capture_output=True, timeout=300)
     assert p.returncode == 0, "tools/test.sh installs Horovod (tools/install_horovod.sh)"
-    out = _python("import tf_smb\n"
+    out = run_python("import tf_smb\n"
                   "for value in ('per_worker', 'after_sum'):\n"
                   "    print(tf_smb.HorovodStrategy(gradient_clipping=value).gradient_clipping)\n"
                   "print(tf_smb.HorovodStrategy().gradient_clipping)\n")
@@ -148,7 +143,7 @@ def test_horovod_strategy_takes_gradient_clipping():
 # ---- without TensorFlow -----------------------------------------------------------
 
 def test_names_that_need_tensorflow_say_how_to_install_it():
-    out = _python(
+    out = run_python(
         "import sys\n"
         "sys.modules['tensorflow'] = None  # as if not installed\n"
         "import tf_smb\n"
@@ -178,7 +173,7 @@ def test_names_that_need_tensorflow_say_how_to_install_it():
 
 def test_other_missing_modules_are_not_blamed_on_tensorflow():
     """A missing module other than tensorflow keeps its own error."""
-    out = _python(
+    out = run_python(
         "import sys\n"
         "sys.modules['tf_smb.keras_support'] = None\n"
         "import tf_smb\n"

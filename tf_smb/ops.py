@@ -10,7 +10,6 @@ failed collective every later one fails at once with the same error.
 """
 from __future__ import annotations
 
-import glob
 import os
 import re
 import weakref

@@ -18,26 +18,11 @@ import tensorflow as tf
 import keras
 
 import tf_smb
+from common import build, data
 
 
-def data(n, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 6)).astype(np.float32)
-    y = (x[:, :3].sum(1) > x[:, 3:].sum(1)).astype(np.int32) + (x[:, 0] > 1).astype(np.int32)
-    return x, y
 
 
-def build(strategy, lr=0.05):
-    with strategy.scope():
-        model = keras.Sequential([
-            keras.Input((6,)),
-            keras.layers.Dense(8, activation="tanh"),
-            keras.layers.Dense(3),
-        ])
-        model.compile(optimizer=keras.optimizers.Adam(lr),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
-    return model
 
 
 def weights_of(model):

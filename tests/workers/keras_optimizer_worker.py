@@ -6,7 +6,6 @@ variables for a one-process reference (plain Keras, or MirroredStrategy over
 --devices logical CPUs).
 """
 import argparse
-import json
 import os
 import sys
 
@@ -15,6 +14,7 @@ import tensorflow as tf
 import keras
 
 import tf_smb
+from common import data, report
 
 CLIPS = {  # small enough that clipping changes every update
     "clipnorm": {"clipnorm": 0.05},
@@ -24,11 +24,6 @@ CLIPS = {  # small enough that clipping changes every update
 }
 
 
-def data(n, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 6)).astype(np.float32)
-    y = (x[:, :3].sum(1) > x[:, 3:].sum(1)).astype(np.int32) + (x[:, 0] > 1).astype(np.int32)
-    return x, y
 
 
 def initial_weights(hidden=4):
@@ -177,7 +172,7 @@ def main():
             cpu, [tf.config.LogicalDeviceConfiguration()] * a.devices)
     timeout = float(os.environ.get("TEST_TIMEOUT", "60"))
     if a.strategy == "horovod":
-        strategy = tf_smb.HorovodStrategy()
+        strategy = tf_smb.HorovodStrategy(gradient_clipping=a.gradient_clipping)
     elif a.strategy == "smb":
         strategy = tf_smb.SMBStrategy(mode=a.mode, gradient_clipping=a.gradient_clipping,
                                       timeout_s=timeout)
@@ -192,10 +187,7 @@ def main():
         result.update(globals()["scenario_" + scenario](strategy, a))
     result["rank"] = getattr(strategy, "rank", 0)
     result["size"] = getattr(strategy, "size", strategy.num_replicas_in_sync)
-    print(json.dumps(result), flush=True)
-    if a.result_dir:
-        with open(os.path.join(a.result_dir, f"rank{result['rank']}.json"), "w") as f:
-            json.dump(result, f)
+    report(result, a.result_dir)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ with no launcher variables for the single-process reference.
 """
 import argparse
 import ctypes
-import json
 import os
 import sys
 import time
@@ -15,26 +14,11 @@ import tensorflow as tf
 import keras
 
 import tf_smb
+from common import build, data, report
 
 
-def data(n=96, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 6)).astype(np.float32)
-    y = (x[:, :3].sum(1) > x[:, 3:].sum(1)).astype(np.int32) + (x[:, 0] > 1).astype(np.int32)
-    return x, y
 
 
-def build(strategy, lr=0.05):
-    with strategy.scope():
-        model = keras.Sequential([
-            keras.Input((6,)),
-            keras.layers.Dense(8, activation="tanh"),
-            keras.layers.Dense(3),
-        ])
-        model.compile(optimizer=keras.optimizers.Adam(lr),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
-    return model
 
 
 def scenario_fit(strategy, a):
@@ -367,10 +351,7 @@ def main():
     result = globals()["scenario_" + a.scenario](strategy, a)
     result["rank"] = strategy.rank
     result["size"] = strategy.size
-    print(json.dumps(result), flush=True)
-    if a.result_dir:
-        with open(os.path.join(a.result_dir, f"rank{result['rank']}.json"), "w") as f:
-            json.dump(result, f)
+    report(result, a.result_dir)
 
 
 if __name__ == "__main__":
