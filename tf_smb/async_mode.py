@@ -49,7 +49,7 @@ class AsyncConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class BoxParam:
+class BoxSegment:
     """A variable's master copy in the box: segment name, dtype and shape."""
 
     name: str
@@ -192,7 +192,7 @@ class AsyncEngine:
         self._job = job
         self._config = config
         self._collectives = collectives
-        self._params: Dict[Any, BoxParam] = {}
+        self._segments: Dict[Any, BoxSegment] = {}
         with tf.init_scope():
             # For monitoring: the largest lead over the slowest worker this
             # worker had when a step started, and the steps it started.
@@ -205,13 +205,13 @@ class AsyncEngine:
         return self._config
 
     @property
-    def params(self) -> Dict[Any, BoxParam]:
-        """The box parameter of every placed variable, keyed by `variable.ref()`."""
-        return self._params
+    def segments(self) -> Dict[Any, BoxSegment]:
+        """The box segment of every placed variable, keyed by `variable.ref()`."""
+        return self._segments
 
-    def param_of(self, variable: tf.Variable) -> Optional[BoxParam]:
-        """The variable's box parameter, or None when the box does not hold it."""
-        return self._params.get(variable.ref())
+    def segment_of(self, variable: tf.Variable) -> Optional[BoxSegment]:
+        """The variable's box segment, or None when the box does not hold it."""
+        return self._segments.get(variable.ref())
 
     def place(self, variable: tf.Variable) -> None:
         """Makes the box hold the variable's master copy, from rank 0's value,
@@ -225,32 +225,32 @@ class AsyncEngine:
             if not tf.executing_eagerly():
                 raise ValueError("SMBStrategy(mode='async') creates variables eagerly; "
                                  "create them outside tf.function")
-            param = BoxParam(_take_segment_name(variable_path(variable)), variable.dtype,
+            param = BoxSegment(_take_segment_name(variable_path(variable)), variable.dtype,
                              tuple(variable.shape.as_list()))
             self._check_same_everywhere(param)
             value = variable.read_value()
             if self._job.rank == 0:  # before the broadcast, which orders it first
-                smb_ops.param_create(value, param.name, write=True)
+                smb_ops.segment_create(value, param.name, write=True)
             variable.assign(self._collectives.broadcast([value], root=0)[0])
             if self._job.rank != 0:
-                smb_ops.param_create(variable.read_value(), param.name, write=False)
-            self._params[variable.ref()] = param
+                smb_ops.segment_create(variable.read_value(), param.name, write=False)
+            self._segments[variable.ref()] = param
 
-    def _check_same_everywhere(self, param: BoxParam) -> None:
+    def _check_same_everywhere(self, param: BoxSegment) -> None:
         descriptions = self._collectives.allgather_text(
             param.describe(), self._job.rank, self._job.size, _DESCRIPTION_BYTES)
-        message = disagreement_message(len(self._params), descriptions)
+        message = disagreement_message(len(self._segments), descriptions)
         if message is not None:
             raise ValueError(message)
 
-    def read(self, param: BoxParam) -> tf.Tensor:
+    def read(self, param: BoxSegment) -> tf.Tensor:
         """The box's current value of `param`."""
-        return smb_ops.param_read(param.name, param.dtype, param.shape,
+        return smb_ops.segment_read(param.name, param.dtype, param.shape,
                                   consistent=self._config.consistent)
 
     def refresh(self) -> None:
         """Sets every box-held variable to the box's current value."""
-        for ref, param in self._params.items():
+        for ref, param in self._segments.items():
             ref.deref().assign(self.read(param))
 
     def run_step(self, fn: Callable[..., Any], args: Sequence[Any],
@@ -266,7 +266,7 @@ class AsyncEngine:
             deps = [self.max_clock_gap.assign(tf.maximum(self.max_clock_gap, gap)),
                     self.steps.assign_add(1)]
         with tf.control_dependencies(deps):
-            reads = [(ref.deref(), self.read(p)) for ref, p in self._params.items()]
+            reads = [(ref.deref(), self.read(p)) for ref, p in self._segments.items()]
             assigns = [v.assign(value) for v, value in reads]
         with tf.control_dependencies(assigns):
             return fn(*args, **kwargs)
@@ -277,13 +277,13 @@ class AsyncEngine:
         and a gradient step, see `sgd_step_arguments`), or `apply_locally()`
         runs the worker's own update and its change is pushed into the box.
         Returns what `extended.update` returns."""
-        param = self._params[var.ref()]
+        param = self._segments[var.ref()]
         step = sgd_step_arguments(args) if self._config.update == "sgd" else None
         if step is not None:
             grad, learning_rate = step
             if isinstance(grad, tf.IndexedSlices):
                 grad = tf.convert_to_tensor(grad)
-            smb_ops.param_apply_sgd(grad, learning_rate, param.name, self._config.momentum)
+            smb_ops.segment_apply_sgd(grad, learning_rate, param.name, self._config.momentum)
             return tf.no_op() if group else (tf.no_op(),)
         before = tf.identity(var.read_value())
         with tf.control_dependencies([before]):
@@ -291,7 +291,7 @@ class AsyncEngine:
         # Reading the variable after the update orders the push after it
         # (automatic control dependencies order ops on the same variable).
         with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
-            smb_ops.param_push(var.read_value() - before, param.name)
+            smb_ops.segment_push(var.read_value() - before, param.name)
         return result
 
     def finish(self) -> None:

@@ -46,7 +46,7 @@ from tf_smb import keras_support
 from tf_smb.collectives import Collectives
 
 if TYPE_CHECKING:
-    from tf_smb.async_mode import AsyncEngine, BoxParam
+    from tf_smb.async_mode import AsyncEngine, BoxSegment
 
 SUPPORTED_DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64)
 
@@ -125,9 +125,9 @@ class DataParallelExtended(one_device_strategy.OneDeviceExtended):
         return self._engine
 
     @property
-    def _box_params(self) -> Dict[Any, "BoxParam"]:
+    def _box_segments(self) -> Dict[Any, "BoxSegment"]:
         """Async: the box parameter of every box-held variable, by `ref()`."""
-        return self._engine.params if self._engine is not None else {}
+        return self._engine.segments if self._engine is not None else {}
 
     @property
     def steps(self) -> tf.Variable:
@@ -267,7 +267,7 @@ class DataParallelExtended(one_device_strategy.OneDeviceExtended):
             return self._engine.run_step(fn, args, kwargs)
 
     def _update(self, var, fn, args, kwargs, group):
-        if self._engine is None or self._engine.param_of(var) is None:
+        if self._engine is None or self._engine.segment_of(var) is None:
             return super()._update(var, fn, args, kwargs, group)
         return self._engine.update(
             var, args, lambda: super(DataParallelExtended, self)._update(

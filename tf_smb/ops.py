@@ -194,24 +194,24 @@ def _broadcast_grad(op, *grads):
 
 # ---- Asynchronous mode: parameters living in the box ------------------------
 
-def param_create(value: tf.Tensor, name: str, write: bool) -> None:
+def segment_create(value: tf.Tensor, name: str, write: bool) -> None:
     """Creates or attaches box segment `name` shaped like `value`; `write` stores it."""
     _library().smb_segment_create(value, segment=name, write=write)
 
 
-def param_read(name: str, dtype: tf.DType, shape: Sequence[int],
+def segment_read(name: str, dtype: tf.DType, shape: Sequence[int],
                consistent: bool = True) -> tf.Tensor:
     """The segment's current value; `consistent` never returns a half-written one."""
     return _library().smb_segment_read(T=dtype, shape=list(shape), segment=name,
                                      consistent=consistent)
 
 
-def param_push(delta: tf.Tensor, name: str) -> None:
+def segment_push(delta: tf.Tensor, name: str) -> None:
     """segment += delta in the box, atomically per segment."""
     _library().smb_segment_push(delta, segment=name)
 
 
-def param_apply_sgd(grad: tf.Tensor, learning_rate: tf.Tensor, name: str,
+def segment_apply_sgd(grad: tf.Tensor, learning_rate: tf.Tensor, name: str,
                     momentum: float = 0.0) -> None:
     """The box applies an SGD (or momentum) step to the segment."""
     _library().smb_segment_apply_sgd(grad, tf.cast(learning_rate, tf.float32),

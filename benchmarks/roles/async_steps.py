@@ -5,9 +5,9 @@
 
 Step kinds, each one tf.function call:
   * sync: one fused `tf_smb.allreduce(grads)`, the collective of a synchronous step;
-  * push: `ops.param_read` of every parameter, then `ops.param_push` of a delta for
+  * push: `ops.segment_read` of every parameter, then `ops.segment_push` of a delta for
     each (segment += delta in the box), what SMBStrategy(mode="async") does per step;
-  * sgd: `param_read` of every parameter, then `ops.param_apply_sgd` of a gradient for
+  * sgd: `segment_read` of every parameter, then `ops.segment_apply_sgd` of a gradient for
     each (the box runs momentum SGD; update="sgd").
 One barrier before and one after each timed loop, none in between: the sync steps wait
 for one another in the all-reduce, the async ones do not. The push run is checked:
@@ -44,11 +44,11 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
     if "push" in modes or "sgd" in modes:
         if rank == 0:  # segments start at zero
             for n, s in zip(names, shapes):
-                ops.param_create(tf.zeros(s), n, write=True)
+                ops.segment_create(tf.zeros(s), n, write=True)
         tf_smb.barrier()
         if rank != 0:
             for n, g in zip(names, grads):
-                ops.param_create(g, n, write=False)
+                ops.segment_create(g, n, write=False)
 
     def first(x: tf.Tensor) -> tf.Tensor:
         return tf.reshape(x, [-1])[0]
@@ -58,7 +58,7 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
         return first(tf_smb.allreduce(xs)[-1])
 
     def read_all() -> List[tf.Tensor]:
-        return [ops.param_read(n, tf.float32, s) for n, s in zip(names, shapes)]
+        return [ops.segment_read(n, tf.float32, s) for n, s in zip(names, shapes)]
 
     # The updates wait for every read, as in a step (the gradients come from the reads).
     @tf.function
@@ -66,7 +66,7 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
         reads = read_all()
         with tf.control_dependencies(reads):
             for d, n in zip(deltas, names):
-                ops.param_push(d, n)
+                ops.segment_push(d, n)
         return first(reads[-1])  # a tf.function runs all its stateful ops before returning
 
     @tf.function
@@ -74,7 +74,7 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
         reads = read_all()
         with tf.control_dependencies(reads):
             for g, n in zip(gs, names):
-                ops.param_apply_sgd(g, learning_rate, n, momentum=sgd_momentum)
+                ops.segment_apply_sgd(g, learning_rate, n, momentum=sgd_momentum)
         return first(reads[-1])
 
     steps = {"sync": sync_step, "push": push_step, "sgd": sgd_step}
@@ -98,7 +98,7 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
         if mode == "push":  # every push of every worker landed
             expected = (warmup + iters) * world * (world + 1) / 2
             for n, s in zip(names, shapes):
-                value = ops.param_read(n, tf.float32, s).numpy()
+                value = ops.segment_read(n, tf.float32, s).numpy()
                 if not np.all(value == expected):
                     raise AssertionError(f"segment {n} {s} holds {np.unique(value)[:5]} "
                                          f"after the pushes, want all {expected}")

@@ -17,8 +17,8 @@ import tf_smb
 def _box_value(strategy, variable):
     """The box's current value of a box-held variable."""
     from tf_smb import ops as smb_ops
-    param = strategy.extended._box_params[variable.ref()]  # pylint: disable=protected-access
-    return smb_ops.param_read(param.name, param.dtype, param.shape).numpy()
+    param = strategy.extended._box_segments[variable.ref()]  # pylint: disable=protected-access
+    return smb_ops.segment_read(param.name, param.dtype, param.shape).numpy()
 
 
 def scenario_order(strategy, a):
@@ -90,7 +90,7 @@ def scenario_names(strategy, a):
         sub(tf.zeros([1, 3]))
         dup = [tf.Variable(tf.zeros([1]), name="dup") for _ in range(2)]
         long = tf.Variable(tf.zeros([1]), name="layer_" * 30 + "kernel")
-    params = strategy.extended._box_params  # pylint: disable=protected-access
+    params = strategy.extended._box_segments  # pylint: disable=protected-access
 
     def names(variables):
         return [params[(v.value if isinstance(v, keras.Variable) else v).ref()].name

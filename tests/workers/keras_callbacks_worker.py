@@ -114,9 +114,9 @@ def _box_equals_local(strategy):
     """Async: whether the box's master copy of every box-held variable equals
     this worker's local value (which on_train_begin has just restored)."""
     from tf_smb import ops as smb_ops
-    params = strategy.extended._box_params  # pylint: disable=protected-access
+    params = strategy.extended._box_segments  # pylint: disable=protected-access
     return bool(params) and all(
-        np.array_equal(smb_ops.param_read(p.name, p.dtype, p.shape).numpy(),
+        np.array_equal(smb_ops.segment_read(p.name, p.dtype, p.shape).numpy(),
                        ref.deref().numpy())
         for ref, p in params.items())
 

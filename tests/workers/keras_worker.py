@@ -298,24 +298,24 @@ def scenario_async_bad_push(strategy, a):
     """Pushing the wrong shape or dtype to a box segment fails cleanly."""
     from tf_smb import ops as smb_ops
     if tf_smb.rank() == 0:
-        smb_ops.param_create(tf.constant([[1.0, 2.0], [3.0, 4.0]]), "bad-push-test", True)
+        smb_ops.segment_create(tf.constant([[1.0, 2.0], [3.0, 4.0]]), "bad-push-test", True)
     tf_smb.barrier()
     if tf_smb.rank() != 0:
-        smb_ops.param_create(tf.zeros([2, 2]), "bad-push-test", False)
+        smb_ops.segment_create(tf.zeros([2, 2]), "bad-push-test", False)
     errors = []
     for bad in (tf.ones([4]), tf.ones([2, 2], tf.float64), tf.ones([2, 3])):
         try:
-            smb_ops.param_push(bad, "bad-push-test")
+            smb_ops.segment_push(bad, "bad-push-test")
             errors.append(None)
         except tf.errors.InvalidArgumentError as e:
             errors.append(e.message)
     try:
-        smb_ops.param_create(tf.zeros([3]), "bad-push-test", False)
+        smb_ops.segment_create(tf.zeros([3]), "bad-push-test", False)
         errors.append(None)
     except tf.errors.InvalidArgumentError as e:
         errors.append(e.message)
     tf_smb.barrier()
-    value = smb_ops.param_read("bad-push-test", tf.float32, [2, 2]).numpy().tolist()
+    value = smb_ops.segment_read("bad-push-test", tf.float32, [2, 2]).numpy().tolist()
     return {"errors": errors, "value": value}
 
 

@@ -161,7 +161,7 @@ def _write_values_into_box(strategy: Any, model: Any) -> None:
     """Async SMB: makes this worker's values of the model's box-held
     variables the box's master copies (rank 0, after loading a backup)."""
     from tf_smb import ops as smb_ops  # pylint: disable=import-outside-toplevel
-    box_params = strategy.extended._box_params  # pylint: disable=protected-access
+    box_params = strategy.extended._box_segments  # pylint: disable=protected-access
     # Keras variables wrap the tf.Variable the strategy created (and placed).
     variables = [getattr(v, "_value", v) for v in model.trainable_variables]
     placed = [v for v in variables if v.ref() in box_params]
@@ -170,7 +170,7 @@ def _write_values_into_box(strategy: Any, model: Any) -> None:
             "tf_smb: none of the model's trainable variables has a master copy in "
             "the box, so the restored values cannot be placed there")
     for variable in placed:
-        smb_ops.param_create(variable.read_value(), box_params[variable.ref()].name,
+        smb_ops.segment_create(variable.read_value(), box_params[variable.ref()].name,
                              write=True)
 
 
