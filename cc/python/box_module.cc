@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,41 @@ std::vector<smb::TensorRef> Refs(const std::vector<py::array>& inputs,
   }
   return refs;
 }
+
+// The pybind adapter's side of a collective (smb::OpContext): the inputs as
+// C-contiguous arrays and their numpy outputs, made up front because numpy
+// needs the GIL, which the collective runs without.
+class NumpyOutputs : public smb::OpContext {
+ public:
+  explicit NumpyOutputs(const std::vector<py::array>& arrays) {
+    for (const py::array& raw : arrays) {
+      py::array a = py::array::ensure(raw, py::array::c_style);
+      if (!a) throw py::value_error("expected arrays");
+      inputs_.push_back(a);
+      outputs_.emplace_back(a.dtype(), std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+      refs_.push_back({DTypeOf(a), ShapeOf(a), a.data(), nullptr});
+      out_.push_back(outputs_.back().mutable_data());
+    }
+  }
+  const std::vector<smb::TensorRef>& refs() const { return refs_; }
+  smb::Status AllocateOutputs(std::vector<smb::TensorRef>* refs) override {
+    for (size_t i = 0; i < refs->size(); ++i) (*refs)[i].out = out_[i];
+    return smb::Status::Ok();
+  }
+  // Copies sums the core kept in the box into the outputs.
+  void CopyFrom(const std::vector<void*>& sums) {
+    for (size_t i = 0; i < refs_.size(); ++i) {
+      std::memcpy(out_[i], sums[i], smb::NumBytes(refs_[i]));
+    }
+  }
+  const std::vector<py::array>& arrays() const { return outputs_; }
+
+ private:
+  std::vector<py::array> inputs_;
+  std::vector<py::array> outputs_;
+  std::vector<smb::TensorRef> refs_;
+  std::vector<void*> out_;
+};
 
 std::vector<py::array> EveryOther(const std::vector<py::array>& v) {
   std::vector<py::array> out;
@@ -166,15 +202,17 @@ PYBIND11_MODULE(_box, m) {
       .def_property_readonly("world", &smb::Communicator::world)
       .def("allreduce",
            [](smb::Communicator& c, const std::vector<py::array>& arrays) {
-             std::vector<py::array> keep;
-             auto refs = Refs(arrays, &keep);
+             NumpyOutputs outputs(arrays);
+             std::vector<void*> sums;
+             std::shared_ptr<smb::ResultHold> hold;
              smb::Status s;
              {
                py::gil_scoped_release release;
-               s = c.AllReduceSum(refs);
+               s = c.AllReduceSumShared(outputs.refs(), &outputs, &sums, &hold);
              }
              ThrowIfError(s);
-             return EveryOther(keep);
+             if (hold != nullptr) outputs.CopyFrom(sums);  // sums kept in the box
+             return outputs.arrays();
            },
            "Sum of each array over all ranks, fused in one collective.")
       .def("broadcast",
