@@ -16,6 +16,7 @@
 #include "cc/smb/scheduler.h"
 #include "cc/smb/segment/segment_io.h"
 #include "cc/smb/segment/updaters.h"
+#include "cc/smb/timeline.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -106,6 +107,14 @@ class SmbContext {
     comm_ = std::move(comm);
     job_id_ = options.job_id;
     scheduler_ = smb::CollectiveScheduler::Start(comm_);
+    // TF_SMB_TIMELINE: record this process's part of the job's timeline. At
+    // exit rank 0 stops waiting for a rank's part once that rank is gone.
+    std::weak_ptr<smb::Communicator> weak = comm_;
+    smb::timeline::StartFromEnvironment(options.job_id, options.rank, options.world,
+                                        [weak](int rank) {
+                                          auto c = weak.lock();
+                                          return c != nullptr && c->group().RankGone(rank);
+                                        });
     return absl::OkStatus();
   }
 
@@ -472,6 +481,9 @@ class SmbSegmentReadOp : public OpKernel {
     OP_REQUIRES_OK(c, SmbContext::Get().FindSegment(name_, dtype, shape, &seg));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, shape_, &out));
+    smb::timeline::Scope scope(smb::timeline::kThisProcess, smb::timeline::kSegments,
+                               "segment read", "segment");
+    if (scope.active()) scope.set_name("segment read " + name_);
     OP_REQUIRES_OK(c, ToTfStatus(smb::ReadSegment(
                           seg, const_cast<char*>(out->tensor_data().data()), mode_)));
   }
@@ -504,6 +516,9 @@ class SmbSegmentPushOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
   }
   void Compute(OpKernelContext* c) override {
+    smb::timeline::Scope scope(smb::timeline::kThisProcess, smb::timeline::kSegments, "push",
+                               "segment");
+    if (scope.active()) scope.set_name("push " + name_);
     OP_REQUIRES_OK(c, PushUpdate(c, name_, {smb::UpdateRule::kDelta}, 0.0));
   }
 
@@ -525,6 +540,9 @@ class SmbSegmentApplySgdOp : public OpKernel {
     OP_REQUIRES(c, TensorShapeUtils::IsScalar(lr.shape()),
                 absl::InvalidArgumentError("learning_rate must be a scalar, got shape " +
                                            lr.shape().DebugString()));
+    smb::timeline::Scope scope(smb::timeline::kThisProcess, smb::timeline::kSegments,
+                               "apply_sgd", "segment");
+    if (scope.active()) scope.set_name("apply_sgd " + name_);
     OP_REQUIRES_OK(c, PushUpdate(c, name_, options_, lr.scalar<float>()()));
   }
 
@@ -582,6 +600,56 @@ class SmbWaitAllFinishedOp : public AsyncOpKernel {
     RunBlocking(c, done, [](smb::Communicator* comm) { return comm->clock().WaitAllFinished(); });
   }
 };
+
+// ---- Timeline ---------------------------------------------------------------
+
+// Events the Python layer measured (training steps), into this process's
+// timeline; nothing while the timeline is off.
+class SmbTimelineRecordOp : public OpKernel {
+ public:
+  explicit SmbTimelineRecordOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("track", &track_));
+    OP_REQUIRES_OK(c, c->GetAttr("category", &category_));
+    OP_REQUIRES_OK(c, c->GetAttr("arg_name", &arg_name_));
+  }
+  void Compute(OpKernelContext* c) override {
+    if (!smb::timeline::On()) return;
+    const Tensor &names = c->input(0), &starts = c->input(1), &ends = c->input(2),
+                 &args = c->input(3);
+    const int64_t n = names.NumElements();
+    OP_REQUIRES(c, starts.NumElements() == n && ends.NumElements() == n &&
+                       args.NumElements() == n,
+                absl::InvalidArgumentError("names, starts_ns, ends_ns and args must have "
+                                           "the same number of elements"));
+    const int track = smb::timeline::TrackId(track_);
+    const auto name = names.flat<tstring>();
+    const auto start = starts.flat<int64_t>(), end = ends.flat<int64_t>(),
+               arg = args.flat<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      smb::timeline::Record(smb::timeline::kThisProcess, track, std::string(name(i)),
+                            category_.c_str(), start(i), end(i),
+                            arg_name_.empty() ? nullptr : arg_name_.c_str(), arg(i));
+    }
+  }
+
+ private:
+  std::string track_, category_, arg_name_;
+};
+
+class SmbTimelineFlushOp : public OpKernel {
+ public:
+  explicit SmbTimelineFlushOp(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* c) override {
+    std::string written;
+    OP_REQUIRES_OK(c, ToTfStatus(smb::timeline::Flush(&written)));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({}), &out));
+    out->scalar<tstring>()() = written;
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SmbTimelineRecord").Device(DEVICE_CPU), SmbTimelineRecordOp);
+REGISTER_KERNEL_BUILDER(Name("SmbTimelineFlush").Device(DEVICE_CPU), SmbTimelineFlushOp);
 
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentCreate").Device(DEVICE_CPU), SmbSegmentCreateOp);
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentRead").Device(DEVICE_CPU), SmbSegmentReadOp);

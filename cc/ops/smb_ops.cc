@@ -134,3 +134,35 @@ REGISTER_OP("SmbWaitAllFinished")
     .Doc("Waits until every live worker has finished training.");
 
 }  // namespace tensorflow
+
+// ---- Timeline (cc/smb/timeline.h; tf_smb/timeline.py) ----------------------
+
+namespace tensorflow {
+
+REGISTER_OP("SmbTimelineRecord")
+    .Input("names: string")
+    .Input("starts_ns: int64")
+    .Input("ends_ns: int64")
+    .Input("args: int64")
+    .Attr("track: string")
+    .Attr("category: string")
+    .Attr("arg_name: string = ''")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+Adds events (vectors of equal length; times from CLOCK_MONOTONIC, e.g. Python's
+time.monotonic_ns()) of this process's rank to the timeline's track `track`,
+when TF_SMB_TIMELINE was set as the process joined its job; else does nothing.
+)doc");
+
+REGISTER_OP("SmbTimelineFlush")
+    .Output("written: string")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc(R"doc(
+Writes this process's timeline events so far (its part of the job's timeline,
+or with one worker the timeline itself) and returns the file's path; "" while
+the timeline is off.
+)doc");
+
+}  // namespace tensorflow

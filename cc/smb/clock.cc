@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "cc/smb/timeline.h"
+
 namespace smb {
 
 Status StepClock::Tick(int64_t staleness, int64_t* lead) {
@@ -10,6 +12,7 @@ Status StepClock::Tick(int64_t staleness, int64_t* lead) {
   const int world = group_->world();
   if (world == 1) return Status::Ok();
   const int me = group_->rank();
+  timeline::Scope scope(me, timeline::kClock, "clock tick wait", "clock");
   RankControl* ranks = group_->peers()->control()->ranks;
   const uint64_t mine = ranks[me].clock.fetch_add(1) + 1;
   group_->Poke();
@@ -37,6 +40,7 @@ Status StepClock::Tick(int64_t staleness, int64_t* lead) {
         }));
   }
   *lead = static_cast<int64_t>(mine - slowest());
+  if (scope.active()) scope.set_arg("lead", *lead);
   return Status::Ok();
 }
 
@@ -54,6 +58,7 @@ void StepClock::Resume() {
 Status StepClock::WaitAllFinished() {
   const int world = group_->world();
   if (world == 1) return Status::Ok();
+  timeline::Scope scope(group_->rank(), timeline::kClock, "wait all finished", "clock");
   RankControl* ranks = group_->peers()->control()->ranks;
   auto unfinished = [&] {
     std::string list;

@@ -5,6 +5,7 @@
 
 #include "cc/smb/hash.h"
 #include "cc/smb/process.h"
+#include "cc/smb/timeline.h"
 
 namespace smb {
 namespace {
@@ -56,6 +57,7 @@ Status Group::Fail(const Status& failure) {
 
 Status Group::Sync(const std::string& what) {
   if (world_ == 1) return Status::Ok();
+  timeline::Scope scope(rank_, timeline::kCollectives, "wait");
   GroupControl* g = control();
   const uint64_t target = ++seq_;
   g->ranks[rank_].arrive_seq.store(target, std::memory_order_release);
@@ -109,6 +111,7 @@ Status Group::Sync(const std::string& what) {
 
 Status Group::Agree(const std::string& op, const std::string& desc) {
   if (world_ == 1) return Status::Ok();
+  timeline::Scope scope(rank_, timeline::kCollectives, "agree");
   GroupControl* g = control();
   const int parity = static_cast<int>(collectives_++ & 1);
   char* slot = g->ranks[rank_].desc[parity];

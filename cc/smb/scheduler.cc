@@ -1,6 +1,8 @@
 #include "cc/smb/scheduler.h"
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -11,6 +13,7 @@
 #include "cc/smb/hash.h"
 #include "cc/smb/group.h"
 #include "cc/smb/process.h"
+#include "cc/smb/timeline.h"
 
 namespace smb {
 namespace {
@@ -26,6 +29,24 @@ struct Item {
   CollectiveScheduler::Done done;
   double since;
 };
+
+// Timeline: the collective `item` as one event from the start of its
+// negotiation (when it was submitted, or when the previous one ended if that
+// was later) to `end_ns`, named by its op and call site, and its "negotiate"
+// phase: waiting for its turn, until `picked_ns`.
+void RecordCollective(int rank, const Item& item, int64_t previous_end_ns, int64_t picked_ns,
+                      int64_t end_ns) {
+  const int64_t start_ns =
+      std::max(previous_end_ns, static_cast<int64_t>(item.since * 1e9));
+  const size_t hash_mark = item.key.rfind('#');
+  const std::string site = item.key.substr(0, hash_mark);
+  const int64_t call =
+      hash_mark == std::string::npos ? 0 : std::atoll(item.key.c_str() + hash_mark + 1);
+  timeline::Record(rank, timeline::kCollectives, item.what + " " + site, "collective",
+                   start_ns, end_ns, "call", call);
+  timeline::Record(rank, timeline::kCollectives, "negotiate", "phase", start_ns,
+                   std::max(start_ns, picked_ns));
+}
 
 }  // namespace
 
@@ -90,6 +111,7 @@ void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
   std::vector<uint64_t> published;
   double next_liveness = 0;
   int spins = 0;
+  int64_t previous_end_ns = 0;  // timeline only: when the last collective ended
   for (;;) {
     const uint32_t seen = group.WakeWord();
     std::vector<uint64_t> waiting;
@@ -132,7 +154,13 @@ void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
         continue;
       }
       spins = 0;
+      const int64_t picked_ns = timeline::On() ? timeline::NowNs() : 0;
       Status s = item.run(comm);
+      if (picked_ns != 0) {
+        const int64_t end_ns = timeline::NowNs();
+        RecordCollective(group.rank(), item, previous_end_ns, picked_ns, end_ns);
+        previous_end_ns = end_ns;
+      }
       if (!s.ok()) {
         // The first failure names its call site; the job then stops with it.
         const Status earlier = group.Failure();

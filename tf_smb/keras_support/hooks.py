@@ -11,6 +11,8 @@ def install() -> None:
     from tf_smb.keras_support.callbacks import install_callback_hooks
     from tf_smb.keras_support.fit import install_fit_hooks
     from tf_smb.keras_support.saving import install_saving_hooks
+    from tf_smb.keras_support.timeline import install_timeline_hooks
     install_fit_hooks()
     install_saving_hooks()
     install_callback_hooks()
+    install_timeline_hooks()  # only while TF_SMB_TIMELINE is set

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cc/smb/algorithms/pieces.h"
+#include "cc/smb/timeline.h"
 
 namespace smb {
 
@@ -24,6 +25,7 @@ Status Broadcast(Group& group, int root, const std::vector<TensorRef>& tensors) 
   }
   const int rank = group.rank();
   if (rank == root) {
+    timeline::Scope phase(rank, timeline::kCollectives, "copy out");
     for (const Piece& p : pieces) {
       if (p.in != p.out) std::memcpy(p.out, p.in, p.bytes);
     }
@@ -36,9 +38,15 @@ Status Broadcast(Group& group, int root, const std::vector<TensorRef>& tensors) 
   for (size_t offset = 0; offset < total; offset += chunk) {
     const size_t len = std::min(chunk, total - offset);
     const int buffer = group.NextStagingBuffer();
-    if (rank == root) GatherBytes(pieces, offset, len, peers->staging(buffer, 0));
+    if (rank == root) {
+      timeline::Scope phase(rank, timeline::kCollectives, "stage");
+      GatherBytes(pieces, offset, len, peers->staging(buffer, 0));
+    }
     SMB_RETURN_IF_ERROR(group.Sync("broadcast"));
-    if (rank != root) ScatterBytes(peers->staging(buffer, 0), offset, len, pieces);
+    if (rank != root) {
+      timeline::Scope phase(rank, timeline::kCollectives, "copy out");
+      ScatterBytes(peers->staging(buffer, 0), offset, len, pieces);
+    }
   }
   return Status::Ok();
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cc/smb/algorithms/pieces.h"
+#include "cc/smb/timeline.h"
 
 namespace smb {
 namespace {
@@ -65,20 +66,28 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
       auto lo = [&](int q) { return n * q / world * elem; };
       const size_t my_lo = lo(rank), my_hi = lo(rank + 1);
       char* mine = peers->staging(buffer, rank);
-      GatherBytes(pieces, offset, my_lo, mine);
-      GatherBytes(pieces, offset + my_hi, len - my_hi, mine + my_hi);
+      {
+        timeline::Scope phase(rank, timeline::kCollectives, "stage");
+        GatherBytes(pieces, offset, my_lo, mine);
+        GatherBytes(pieces, offset + my_hi, len - my_hi, mine + my_hi);
+      }
       SMB_RETURN_IF_ERROR(group.Sync("allreduce (staging)"));
-      ForRange(pieces, offset + my_lo, my_hi - my_lo,
-               [&](const Piece& p, size_t at, size_t pos, size_t bytes) {
-                 for (int q = 0; q < world; ++q) {
-                   sources[q] = q == rank ? p.in + at : peers->staging(buffer, q) + my_lo + pos;
-                 }
-                 // Copied out, the others take this slice from my staging.
-                 SumRanks(dtype, sources, p.out + at,
-                          shared_out ? nullptr : mine + my_lo + pos, bytes / elem);
-               });
+      {
+        timeline::Scope phase(rank, timeline::kCollectives, "reduce");
+        ForRange(pieces, offset + my_lo, my_hi - my_lo,
+                 [&](const Piece& p, size_t at, size_t pos, size_t bytes) {
+                   for (int q = 0; q < world; ++q) {
+                     sources[q] =
+                         q == rank ? p.in + at : peers->staging(buffer, q) + my_lo + pos;
+                   }
+                   // Copied out, the others take this slice from my staging.
+                   SumRanks(dtype, sources, p.out + at,
+                            shared_out ? nullptr : mine + my_lo + pos, bytes / elem);
+                 });
+      }
       if (shared_out) continue;
       SMB_RETURN_IF_ERROR(group.Sync("allreduce (reduction)"));
+      timeline::Scope phase(rank, timeline::kCollectives, "copy out");
       for (int q = 0; q < world; ++q) {
         if (q == rank) continue;
         ScatterBytes(peers->staging(buffer, q) + lo(q), offset + lo(q), lo(q + 1) - lo(q),
@@ -125,6 +134,7 @@ ResultHold::~ResultHold() {
 Status AllReduceSum(Group& group, const std::vector<TensorRef>& tensors) {
   SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
   if (group.world() == 1) {
+    timeline::Scope phase(group.rank(), timeline::kCollectives, "copy out");
     CopyThrough(tensors);
     return Status::Ok();
   }
@@ -139,6 +149,7 @@ Status AllReduceSumShared(Group& group, std::vector<TensorRef> tensors, OpContex
   SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
   if (group.world() == 1) {
     SMB_RETURN_IF_ERROR(context->AllocateOutputs(&tensors));
+    timeline::Scope phase(group.rank(), timeline::kCollectives, "copy out");
     CopyThrough(tensors);
     return Status::Ok();
   }
