@@ -132,8 +132,32 @@ void AppendMicros(std::string* out, int64_t ns) {
   out->append(buf);
 }
 
-void AppendMetadata(std::string* out, const char* what, int pid, int tid, const char* key,
+// Writes a trace document's lines, a megabyte at a time: a line is built in
+// `line`, then EndLine() adds it (after a comma, unless it is the first).
+struct Writer {
+  static constexpr size_t kChunk = size_t{1} << 20;
+  explicit Writer(FILE* file) : f(file) {}
+  void EndLine() {
+    if (!first) buf.append(",\n");
+    first = false;
+    buf.append(line);
+    line.clear();
+    if (buf.size() >= kChunk) Drain();
+  }
+  void Drain() {
+    if (!buf.empty() && std::fwrite(buf.data(), 1, buf.size(), f) != buf.size()) ok = false;
+    buf.clear();
+  }
+  FILE* f;
+  std::string line;
+  std::string buf;
+  bool first = true;
+  bool ok = true;
+};
+
+void AppendMetadata(Writer* w, const char* what, int pid, int tid, const char* key,
                     const std::string& value, bool quoted) {
+  std::string* out = &w->line;
   out->append("{\"name\":\"").append(what).append("\",\"ph\":\"M\",\"pid\":");
   out->append(std::to_string(pid)).append(",\"tid\":").append(std::to_string(tid));
   out->append(",\"args\":{\"").append(key).append("\":");
@@ -142,7 +166,8 @@ void AppendMetadata(std::string* out, const char* what, int pid, int tid, const 
   } else {
     out->append(value);
   }
-  out->append("}},\n");
+  out->append("}}");
+  w->EndLine();
 }
 
 // A snapshot of the recorder, taken under its lock, written without it.
@@ -156,9 +181,9 @@ struct Snapshot {
 
 bool IsFlat(int track) { return track == kClock || track == kSegments; }
 
-// The events as trace lines ("{...},\n"), metadata first: a process per
-// rank, a thread per track (and lane).
-std::string Lines(const Snapshot& s) {
+// The events as trace lines, metadata first: a process per rank, a thread
+// per track (and lane).
+void Lines(const Snapshot& s, Writer* w) {
   // Lanes of the flat tracks: each event goes to the first lane free at its
   // start, so that no two events of a lane overlap.
   std::vector<size_t> order(s.events.size());
@@ -195,18 +220,17 @@ std::string Lines(const Snapshot& s) {
   std::sort(threads.begin(), threads.end());
   threads.erase(std::unique(threads.begin(), threads.end()), threads.end());
 
-  std::string out;
-  out.reserve(160 * (s.events.size() + 8));
+  std::string& out = w->line;
   std::vector<int> ranks{s.options.rank};
   for (const auto& t : threads) ranks.push_back(t.first);
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   for (int rank : ranks) {
-    AppendMetadata(&out, "process_name", rank, 0, "name", "rank " + std::to_string(rank), true);
-    AppendMetadata(&out, "process_sort_index", rank, 0, "sort_index", std::to_string(rank),
+    AppendMetadata(w, "process_name", rank, 0, "name", "rank " + std::to_string(rank), true);
+    AppendMetadata(w, "process_sort_index", rank, 0, "sort_index", std::to_string(rank),
                    false);
     if (rank == s.options.rank && s.dropped > 0) {
-      AppendMetadata(&out, "process_labels", rank, 0, "labels",
+      AppendMetadata(w, "process_labels", rank, 0, "labels",
                      "timeline full: " + std::to_string(s.dropped) +
                          " later events dropped (TF_SMB_TIMELINE_MAX_EVENTS)",
                      true);
@@ -216,8 +240,8 @@ std::string Lines(const Snapshot& s) {
     const int track = t.second / kMaxLanes, lane = t.second % kMaxLanes;
     std::string name = s.tracks[track];
     if (lane > 0) name += " #" + std::to_string(lane + 1);
-    AppendMetadata(&out, "thread_name", t.first, t.second, "name", name, true);
-    AppendMetadata(&out, "thread_sort_index", t.first, t.second, "sort_index",
+    AppendMetadata(w, "thread_name", t.first, t.second, "name", name, true);
+    AppendMetadata(w, "thread_sort_index", t.first, t.second, "sort_index",
                    std::to_string(t.second), false);
   }
   for (size_t i = 0; i < s.events.size(); ++i) {
@@ -237,9 +261,9 @@ std::string Lines(const Snapshot& s) {
       AppendJsonString(&out, s.names[e.arg_name - 1]);
       out.append(":").append(std::to_string(e.arg)).append("}");
     }
-    out.append("},\n");
+    out.append("}");
+    w->EndLine();
   }
-  return out;
 }
 
 std::string OtherData(const std::string& job_id, int world, const std::string& extra) {
@@ -249,20 +273,19 @@ std::string OtherData(const std::string& job_id, int world, const std::string& e
   return out;
 }
 
-// {"traceEvents":[ <lines, the last comma dropped> ], ...}: the lines of a
-// part or of the job's file.
-std::string Document(std::string lines, const std::string& other_data) {
-  while (!lines.empty() && (lines.back() == '\n' || lines.back() == ',')) lines.pop_back();
-  return "{\"traceEvents\":[\n" + lines + "\n],\"displayTimeUnit\":\"ms\"" + other_data +
-         "}\n";
-}
-
-Status WriteAtomically(const std::string& path, const std::string& content) {
+// Replaces `path` (atomically) by {"traceEvents":[ <the lines `body` writes>
+// ], ...}: a part or the job's file.
+Status WriteDocument(const std::string& path, const std::string& other_data,
+                     const std::function<void(Writer*)>& body) {
   const std::string tmp = path + ".tmp-" + std::to_string(getpid());
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) return SystemError("cannot write the timeline to " + tmp);
-  const bool ok = std::fwrite(content.data(), 1, content.size(), f) == content.size();
-  if (std::fclose(f) != 0 || !ok) {
+  Writer w(f);
+  w.buf = "{\"traceEvents\":[\n";
+  body(&w);
+  w.buf.append("\n],\"displayTimeUnit\":\"ms\"").append(other_data).append("}\n");
+  w.Drain();
+  if (std::fclose(f) != 0 || !w.ok) {
     std::remove(tmp.c_str());
     return SystemError("cannot write the timeline to " + tmp);
   }
@@ -330,11 +353,11 @@ Status Write(const Snapshot& s, bool final, std::string* written) {
   if (o.world <= 1) {
     *written = o.path;
     SMB_RETURN_IF_ERROR(MakeDirs(DirOf(o.path)));
-    return WriteAtomically(o.path, Document(Lines(s), other));
+    return WriteDocument(o.path, other, [&s](Writer* w) { Lines(s, w); });
   }
   SMB_RETURN_IF_ERROR(MakeDirs(PartsDir(o.path)));
   *written = PartPath(o.path, o.job_id, o.rank);
-  return WriteAtomically(*written, Document(Lines(s), other));
+  return WriteDocument(*written, other, [&s](Writer* w) { Lines(s, w); });
 }
 
 void AtExit() {
@@ -459,8 +482,8 @@ Status MergeParts(const std::string& path, const std::string& job_id, int world,
                   double wait_s, const std::function<bool(int)>& rank_gone) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
-  std::string lines;
   std::vector<int> missing, partial, exited;
+  std::vector<std::string> present;
   for (int rank = 0; rank < world; ++rank) {
     const std::string part = PartPath(path, job_id, rank);
     // Gone before its final part appeared: it never writes one. (A rank
@@ -474,21 +497,27 @@ Status MergeParts(const std::string& path, const std::string& job_id, int world,
       if (final || gone || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::duration<double>(kPollS));
     }
-    std::ifstream in(part);
-    if (!in) {
+    if (!std::ifstream(part)) {
       missing.push_back(rank);
       continue;
     }
     if (!final) partial.push_back(rank);  // only what it flushed along the way
-    std::string line;
-    while (std::getline(in, line)) {
-      // Events and metadata: one per line; skip the document's first and
-      // last lines.
-      if (line.empty() || line[0] != '{' || line.rfind("{\"traceEvents\"", 0) == 0) continue;
-      if (line.back() != ',') line.push_back(',');
-      lines.append(line).push_back('\n');
-    }
+    present.push_back(part);
   }
+  // Events and metadata, one per line: all lines of the parts but their
+  // documents' first and last.
+  auto body = [&present](Writer* w) {
+    for (const std::string& part : present) {
+      std::ifstream in(part);
+      std::string& line = w->line;
+      while (std::getline(in, line)) {
+        if (line.empty() || line[0] != '{' || line.rfind("{\"traceEvents\"", 0) == 0) continue;
+        if (line.back() == ',') line.pop_back();
+        w->EndLine();
+      }
+      line.clear();
+    }
+  };
   auto json_list = [](const std::vector<int>& ranks) {
     std::string out = "[";
     for (size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
@@ -496,7 +525,7 @@ Status MergeParts(const std::string& path, const std::string& job_id, int world,
   };
   const std::string extra = ",\"missing_ranks\":" + json_list(missing) +
                             ",\"partial_ranks\":" + json_list(partial);
-  SMB_RETURN_IF_ERROR(WriteAtomically(path, Document(lines, OtherData(job_id, world, extra))));
+  SMB_RETURN_IF_ERROR(WriteDocument(path, OtherData(job_id, world, extra), body));
   if (!missing.empty() || !partial.empty()) {
     std::vector<int> incomplete = missing;
     incomplete.insert(incomplete.end(), partial.begin(), partial.end());

@@ -24,9 +24,11 @@
 //
 // Cost. Off: On() is one relaxed load of a flag and a branch, in Scope's
 // constructor and destructor; no clock reads, no allocation. On: two clock
-// reads and a short locked append per event. Memory: at most
+// reads and a short locked append per event (~0.1-0.2 us). Memory: at most
 // TF_SMB_TIMELINE_MAX_EVENTS events (default 1,000,000, ~40 MB) per process;
-// later ones are counted and dropped (the part says how many).
+// later ones are counted and dropped (the part says how many). Writing
+// copies the events once and streams the JSON (~150 bytes an event) to the
+// file a megabyte at a time.
 //
 // Thread safety: every function may be called from any thread.
 #ifndef TF_SMB_CC_SMB_TIMELINE_H_
