@@ -91,9 +91,11 @@ def run_single(args: Sequence[str], timeout: float,
 
 
 def run_launcher(np_: int, args: Sequence[str], timeout: float,
-                 env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-    """Runs `python -m tf_smb.run -np N python args...`."""
-    argv = [sys.executable, "-m", "tf_smb.run", "-np", str(np_), sys.executable, *args]
+                 env: Optional[Dict[str, str]] = None,
+                 launcher_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """Runs `python -m tf_smb.run [launcher_args] -np N python args...`."""
+    argv = [sys.executable, "-m", "tf_smb.run", *launcher_args, "-np", str(np_),
+            sys.executable, *args]
     r = _run_one(argv, timeout, base_env(env), cwd=REPO)
     return subprocess.CompletedProcess(argv, r.returncode, r.stdout, r.stderr)
 

@@ -135,8 +135,9 @@ def test_launcher_async_fit_with_flush(tmp_path):
     # waits; a flush along the way (a part that is not final) does not end
     # up as the rank's part in the merged file.
     path = str(tmp_path / "async.json")
+    # The launcher's --timeline sets TF_SMB_TIMELINE for every worker.
     proc = run_launcher(2, [WORKER, "--mode", "async", "--epochs", "2", "--steps", "8",
-                            "--flush"], timeout=300, env={"TF_SMB_TIMELINE": path})
+                            "--flush"], timeout=300, launcher_args=["--timeline", path])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = [json.loads(line.split(": ", 1)[1]) for line in proc.stdout.splitlines()
                if ": {" in line]

@@ -54,6 +54,9 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                              "segments (async mode) in bytes (default "
                              f"{_size(_box.DEFAULT_HEAP_BYTES)}; sparse, only what is "
                              "used costs memory)")
+    parser.add_argument("--timeline", default=None, metavar="PATH",
+                        help="write a Chrome-trace/Perfetto JSON of every worker's steps "
+                             "and collectives to PATH (sets TF_SMB_TIMELINE)")
     parser.add_argument("--keep-going", action="store_true",
                         help="when a worker fails, let the others finish (for "
                              "SMBStrategy(mode='async')); exit non-zero at the end")
@@ -114,6 +117,9 @@ def _run_workers(args: argparse.Namespace, job_id: str, received: List[int]) -> 
                                                      box_created=True,
                                                      timeout_s=args.timeout))
                 for rank in range(args.np)]
+    if args.timeline:
+        for _, env in commands:
+            env["TF_SMB_TIMELINE"] = os.path.abspath(args.timeline)
 
     def on_failure(rank: int) -> None:
         print(workers.report(rank, _PREFIX), file=sys.stderr, flush=True)
