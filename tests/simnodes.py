@@ -1,0 +1,369 @@
+"""Simulated nodes on one machine, for cross-node tests (DESIGN.md §6).
+
+Each node has its own network namespace (the two are joined by a veth pair with
+addresses of one private /24, reachable from nowhere else), its own mount
+namespace with a private tmpfs on /dev/shm, its own hostname and its own IPC
+namespace. A long-lived holder process (`sleep infinity`) keeps a node's
+namespaces; a command enters them with `nsenter -t HOLDER`. Open MPI's mpirun
+runs inside node 0 and starts its daemon on the other node through
+tests/simnodes_agent.sh, an ssh stand-in. There is no PID namespace: a rank's
+pid is the same everywhere, so tests can signal ranks directly.
+
+Every wait has a timeout; on a timeout every process in the nodes is killed,
+and leaving the context always removes the holders and namespaces (and with
+them the veth pair and the tmpfs).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import harness
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+AGENT = os.path.join(HERE, "simnodes_agent.sh")
+SUBNET = "10.231.7"  # node i has SUBNET.(i+1)/24
+# Variables every rank gets from mpirun (-x), besides those a launch passes.
+FORWARD = ("PATH", "HOME", "PYTHONPATH", "PYTHONUNBUFFERED", "TF_CPP_MIN_LOG_LEVEL",
+           "LD_LIBRARY_PATH")
+TOOLS = ("ip", "unshare", "nsenter", "mpirun")
+
+
+class NodesUnavailable(RuntimeError):
+    """This machine cannot make simulated nodes: a tool is missing or the kernel
+    refuses a namespace. The message names the command and its error."""
+
+
+class NodesTimeout(AssertionError):
+    """A command in the nodes ran past its timeout (everything was killed)."""
+
+
+@dataclasses.dataclass
+class Launch:
+    """How a command in the nodes ended.
+
+    leftovers: "pid cmdline" of processes still in the nodes after the command
+    ended (and a short grace), killed since.
+    """
+
+    argv: List[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    leftovers: List[str]
+
+    def rank_output(self, rank: int) -> str:
+        """The lines mpirun --tag-output printed for `rank`, without the tag."""
+        tag = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:")
+        lines = []
+        for line in (self.stdout + "\n" + self.stderr).splitlines():
+            m = tag.match(line)
+            if m and int(m.group(1)) == rank:
+                lines.append(line[m.end():])
+        return "\n".join(lines)
+
+    def untagged_output(self) -> str:
+        """What mpirun printed itself (no rank tag): its own errors."""
+        return "\n".join(l for l in (self.stdout + "\n" + self.stderr).splitlines()
+                         if not re.match(r"^\[\d+,\d+\]<std", l))
+
+
+class Running:
+    """A command started in the nodes (see SimulatedNodes.start). One that owns
+    the nodes (mpirun) has what remains in them killed when it ends."""
+
+    def __init__(self, nodes: "SimulatedNodes", argv: List[str], proc: subprocess.Popen,
+                 owns_nodes: bool):
+        self.nodes, self.argv, self.proc, self.owns_nodes = nodes, argv, proc, owns_nodes
+        self.started = time.monotonic()
+
+    def wait(self, timeout: float) -> Launch:
+        """Waits up to `timeout` s for the command; when it owns the nodes, then
+        for what it left in them (3 s), and kills what remains. Raises NodesTimeout
+        (with the output) after killing everything in the nodes when the command
+        ran too long."""
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            killed = self.nodes.kill_processes()
+            _killpg(self.proc.pid)
+            out, err = self.proc.communicate(timeout=30)
+            raise NodesTimeout(
+                f"{_show(self.argv)} did not finish within {timeout:.0f}s; killed it and "
+                f"{len(killed)} processes in the nodes.\nstdout:\n{out[-6000:]}\n"
+                f"stderr:\n{err[-6000:]}") from None
+        seconds = time.monotonic() - self.started
+        if not self.owns_nodes:
+            return Launch(self.argv, self.proc.returncode, out, err, seconds, [])
+        deadline = time.monotonic() + 3.0
+        while self.nodes.processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return Launch(self.argv, self.proc.returncode, out, err, seconds,
+                      self.nodes.kill_processes())
+
+
+class SimulatedNodes:
+    """Context manager: `nodes` simulated nodes (only 2: one veth pair joins them).
+
+    Names carry this process's id, so parallel test runs do not collide.
+    Raises NodesUnavailable on entry when the machine cannot make them.
+    """
+
+    _made = 0  # instances so far in this process: part of their names
+
+    def __init__(self, nodes: int = 2, subnet: str = SUBNET):
+        if nodes != 2:
+            raise ValueError("SimulatedNodes joins exactly 2 nodes (one veth pair)")
+        SimulatedNodes._made += 1
+        tag = f"{os.getpid()}{chr(ord('a') + SimulatedNodes._made % 26)}"
+        self.count = nodes
+        self.netns = [f"smbsim{tag}n{i}" for i in range(nodes)]
+        self.hostnames = [f"simnode{i}-{tag}" for i in range(nodes)]
+        self.addresses = [f"{subnet}.{i + 1}" for i in range(nodes)]
+        self.cidr = f"{subnet}.0/24"
+        self.veth = [f"smb{tag}v{i}" for i in range(nodes)]
+        self.holders: List[subprocess.Popen] = []
+        self.holder_pids: List[int] = []
+        self.dir = ""
+        self._netns_links: List[str] = []
+
+    # --- setup and teardown -------------------------------------------------
+
+    def __enter__(self) -> "SimulatedNodes":
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _setup(self) -> None:
+        for tool in TOOLS:
+            if not shutil.which(tool):
+                raise NodesUnavailable(f"`{tool}` is not installed (needed for simulated nodes)")
+        self.dir = tempfile.mkdtemp(prefix=f"simnodes-{os.getpid()}-")
+        for ns in self.netns:
+            _setup_cmd(["ip", "netns", "add", ns])
+            _setup_cmd(["ip", "-n", ns, "link", "set", "lo", "up"])
+        _setup_cmd(["ip", "link", "add", self.veth[0], "netns", self.netns[0], "type", "veth",
+                    "peer", "name", self.veth[1], "netns", self.netns[1]])
+        for ns, dev, addr in zip(self.netns, self.veth, self.addresses):
+            _setup_cmd(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev])
+            _setup_cmd(["ip", "-n", ns, "link", "set", dev, "up"])
+        for ns, host in zip(self.netns, self.hostnames):
+            self._start_holder(ns, host)
+        self._netns_links = [os.readlink(f"/proc/{p}/ns/net") for p in self.holder_pids]
+        with open(self.agent_map, "w") as f:
+            f.writelines(f"{a} {p}\n{h} {p}\n" for a, h, p in
+                         zip(self.addresses, self.hostnames, self.holder_pids))
+
+    def _start_holder(self, ns: str, hostname: str) -> None:
+        script = (f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname {hostname} "
+                  "&& echo ready $$ && exec sleep infinity")
+        argv = ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--ipc",
+                "--propagation", "private", "sh", "-c", script]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        self.holders.append(proc)
+        ready, _, _ = select.select([proc.stdout], [], [], 10.0)
+        line = proc.stdout.readline() if ready else ""
+        if not line.startswith("ready "):
+            _killpg(proc.pid)
+            _, err = proc.communicate(timeout=10)
+            raise NodesUnavailable(f"`{_show(argv)}` failed: {err.strip() or 'no answer in 10s'}")
+        self.holder_pids.append(int(line.split()[1]))
+
+    def close(self) -> None:
+        """Kills every process in the nodes and the holders, deletes the namespaces
+        (so the veth pair and the tmpfs go too) and the temporary folder."""
+        self.kill_processes(holders=True)
+        for proc in self.holders:
+            _killpg(proc.pid)
+            try:
+                proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        existing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                  timeout=30).stdout if shutil.which("ip") else ""
+        for ns in self.netns:
+            if re.search(rf"^{ns}\b", existing, re.M):
+                subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def agent_map(self) -> str:
+        """The file of "HOST HOLDER_PID" lines simnodes_agent.sh reads."""
+        return os.path.join(self.dir, "agent_map")
+
+    # --- processes in the nodes ---------------------------------------------
+
+    def processes(self, holders: bool = False) -> List[Tuple[int, str]]:
+        """(pid, cmdline) of every process in the nodes' network namespaces."""
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or (not holders and int(name) in self.holder_pids):
+                continue
+            try:
+                if os.readlink(f"/proc/{name}/ns/net") not in self._netns_links:
+                    continue
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:  # gone, or a zombie
+                continue
+            found.append((int(name), cmd))
+        return found
+
+    def kill_processes(self, holders: bool = False) -> List[str]:
+        """SIGKILLs every process in the nodes (not the holders unless told) until
+        none is left (10 s at most); "pid cmdline" of those killed."""
+        killed: Dict[int, str] = {}
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            found = self.processes(holders)
+            if not found:
+                break
+            for pid, cmd in found:
+                killed.setdefault(pid, cmd)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        return [f"{pid} {cmd}" for pid, cmd in killed.items()]
+
+    # --- running commands ---------------------------------------------------
+
+    def start(self, node: int, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
+              cwd: Optional[str] = None, owns_nodes: bool = False) -> Running:
+        """Starts `argv` inside node `node` (in a session of its own), output
+        captured; env default: harness.base_env(); cwd default: the checkout."""
+        full = ["nsenter", "-t", str(self.holder_pids[node]), "--net", "--mount", "--uts",
+                "--ipc", f"--wd={cwd or harness.REPO}", "--", *argv]
+        proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                                env=dict(env) if env is not None else harness.base_env())
+        return Running(self, full, proc, owns_nodes)
+
+    def run(self, node: int, argv: Sequence[str], timeout: float = 60,
+            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> Launch:
+        """Runs `argv` inside node `node` and waits for it (see Running.wait)."""
+        return self.start(node, argv, env, cwd).wait(timeout)
+
+    def mpirun_argv(self, np_: int, per_node: int, argv: Sequence[str],
+                    forward: Sequence[str] = (), extra_mca: Sequence[Tuple[str, str]] = ()
+                    ) -> List[str]:
+        """`mpirun` across the nodes, `per_node` slots each, ranks filling node 0
+        first; forwards the `forward` variables to every rank (-x)."""
+        hostfile = os.path.join(self.dir, f"hostfile{per_node}")
+        with open(hostfile, "w") as f:
+            f.writelines(f"{a} slots={per_node}\n" for a in self.addresses)
+        mca = [("plm_rsh_agent", f"{AGENT} {self.agent_map}"),
+               ("btl", "tcp,self,vader"), ("btl_tcp_if_include", self.cidr),
+               ("oob_tcp_if_include", self.cidr), ("mpi_yield_when_idle", "1"),
+               *extra_mca]
+        out = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--tag-output",
+               "-np", str(np_), "--hostfile", hostfile]
+        for key, value in mca:
+            out += ["--mca", key, value]
+        for name in dict.fromkeys(forward):
+            out += ["-x", name]
+        return out + list(argv)
+
+    def start_mpirun(self, np_: int, per_node: int, argv: Sequence[str],
+                     env: Optional[Mapping[str, str]] = None,
+                     extra_mca: Sequence[Tuple[str, str]] = ()) -> Running:
+        """Starts mpirun in node 0, owning the nodes (see Running). Its environment:
+        harness.base_env() without launcher or TF_SMB_ variables, then `env`, whose
+        variables reach every rank."""
+        e = {k: v for k, v in harness.base_env().items()
+             if not k.startswith("TF_SMB_") and k not in harness.env_lib.LAUNCHER_VARS}
+        e.update(env or {})
+        forward = [k for k in FORWARD if k in e] + list(env or {})
+        return self.start(0, self.mpirun_argv(np_, per_node, argv, forward, extra_mca), e,
+                          owns_nodes=True)
+
+    def mpirun(self, np_: int, per_node: int, argv: Sequence[str], timeout: float,
+               env: Optional[Mapping[str, str]] = None,
+               extra_mca: Sequence[Tuple[str, str]] = ()) -> Launch:
+        """Runs mpirun across the nodes and waits up to `timeout` s."""
+        return self.start_mpirun(np_, per_node, argv, env, extra_mca).wait(timeout)
+
+
+def run_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], timeout: float,
+                result_dir: str, env: Optional[Mapping[str, str]] = None) -> List[dict]:
+    """Runs `python args... --result_dir DIR` on per_node ranks of every node
+    (like harness.run_mpirun) and returns each rank's result file, by rank.
+    Fails naming every rank without a result, with its output."""
+    np_ = per_node * nodes.count
+    launch = nodes.mpirun(np_, per_node, [sys.executable, *args, "--result_dir", result_dir],
+                          timeout, env)
+    results, missing = [], []
+    for rank in range(np_):
+        path = os.path.join(result_dir, f"rank{rank}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                results.append(json.load(f))
+        else:
+            missing.append(rank)
+    if launch.returncode != 0 or missing:
+        raise AssertionError(describe_failure(launch, missing))
+    return results
+
+
+def describe_failure(launch: Launch, ranks: Sequence[int]) -> str:
+    """mpirun's exit code and own messages, and the output of each rank in `ranks`."""
+    parts = [f"mpirun exited with {launch.returncode} after {launch.seconds:.0f}s; "
+             f"ranks without a result: {list(ranks)}"]
+    for rank in ranks:
+        parts.append(f"--- rank {rank} output:\n{launch.rank_output(rank)[-3000:]}")
+    parts.append(f"--- mpirun's own output:\n{launch.untagged_output()[-3000:]}")
+    return "\n".join(parts)
+
+
+def open_or_skip(**kwargs: object) -> SimulatedNodes:
+    """Entered SimulatedNodes; skips the test when the machine cannot make them,
+    but fails instead when CI=true (a skip must not hide a broken CI)."""
+    import pytest  # pylint: disable=import-outside-toplevel
+    try:
+        return SimulatedNodes(**kwargs).__enter__()  # type: ignore[arg-type]
+    except NodesUnavailable as e:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but simulated nodes cannot be made: {e}")
+        pytest.skip(f"simulated nodes cannot be made here: {e}")
+        raise  # unreachable
+
+
+def _setup_cmd(argv: List[str]) -> None:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NodesUnavailable(f"`{_show(argv)}` failed: {e}") from e
+    if p.returncode != 0:
+        raise NodesUnavailable(f"`{_show(argv)}` failed (exit {p.returncode}): "
+                               f"{p.stderr.strip()}")
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _show(argv: Sequence[str]) -> str:
+    return " ".join(argv)
