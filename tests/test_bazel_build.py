@@ -34,7 +34,7 @@ def test_core_test_binary_passes(bazel_build):
 def test_bazel_op_library_loads(bazel_build):
     code = ("import tensorflow as tf; lib = tf.load_op_library(%r); "
             "lib.smb_init(job_id='bazel', rank=0, world=1, timeout_seconds=60.0, create=False, "
-            "staging_bytes=1 << 20, heap_bytes=0); "
+            "staging_bytes=1 << 20, heap_bytes=0, across_nodes=False); "
             "print(lib.smb_all_reduce([tf.constant([1.0, 2.0])])[0].numpy().tolist())"
             % os.path.join(bazel_build, "_smb_ops.so"))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

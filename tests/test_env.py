@@ -60,3 +60,37 @@ def test_without_launcher_vars_a_process_is_a_single_worker(variables):
     assert env.detect(variables).size == 3
     rest = {k: v for k, v in variables.items() if k not in env.LAUNCHER_VARS}
     assert env.detect(rest).launcher == "none"
+
+
+@pytest.mark.parametrize("variables, spans", [
+    # mpirun: fewer workers on this node than in the job.
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
+      "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, True),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+      "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, False),
+    # horovodrun (its local size wins over MPI's).
+    ({"HOROVOD_RANK": "3", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_SIZE": "2",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, True),
+    # srun: the step's node count.
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_NODES": "2"}, True),
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_NNODES": "1"}, False),
+    # tf_smb.run starts every worker on this node.
+    ({"TF_SMB_RANK": "1", "TF_SMB_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, False),
+    # The override, both ways; a launcher without local sizes is one node.
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
+      "TF_SMB_ACROSS_NODES": "1"}, True),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "TF_SMB_ACROSS_NODES": "0"}, False),
+    ({"PMIX_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, False),
+])
+def test_spans_nodes_from_the_launcher(variables, spans):
+    assert env.detect(variables).spans_nodes is spans
+
+
+def test_bad_across_nodes_values_raise():
+    with pytest.raises(ValueError, match="TF_SMB_ACROSS_NODES must be 1 or 0, got 'maybe'"):
+        env.detect({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
+                    "TF_SMB_ACROSS_NODES": "maybe"})
+    with pytest.raises(ValueError, match="OMPI_COMM_WORLD_LOCAL_SIZE='two' must be an integer"):
+        env.detect({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
+                    "OMPI_COMM_WORLD_LOCAL_SIZE": "two"})

@@ -79,7 +79,8 @@ def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = Non
             job_id=job.job_id, rank=job.rank, world=job.size,
             timeout_seconds=float(timeout_s),
             create=(job.rank == 0 and not job.box_created and job.size > 1),
-            staging_bytes=int(staging_bytes), heap_bytes=int(heap_bytes))
+            staging_bytes=int(staging_bytes), heap_bytes=int(heap_bytes),
+            across_nodes=job.spans_nodes)
 
     with tf.init_scope():
         if tf.executing_eagerly():

@@ -28,14 +28,19 @@ if ! have_build_tools; then
     g++ python3 python3-dev python3-venv python3-pip >/dev/null
 fi
 
-# The tests also launch workers with Open MPI's mpirun and build with
-# Debian's offline Bazel.
-if [ "$want_test" = 1 ] && { ! command -v mpirun >/dev/null 2>&1 || ! command -v bazel >/dev/null 2>&1; }; then
-  echo "tools/install.sh: installing Open MPI and Bazel (openmpi-bin bazel-bootstrap) for the tests" >&2
+# The tests also launch workers with Open MPI's mpirun (across simulated nodes:
+# network namespaces from iproute2, unshare/nsenter from util-linux), build
+# the op library's MPI transport (libopenmpi-dev) and build with Debian's
+# offline Bazel.
+if [ "$want_test" = 1 ] && { ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1 ||
+    ! command -v bazel >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1 ||
+    ! command -v nsenter >/dev/null 2>&1; }; then
+  echo "tools/install.sh: installing Open MPI, Bazel and namespace tools (openmpi-bin libopenmpi-dev bazel-bootstrap iproute2 util-linux) for the tests" >&2
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin bazel-bootstrap >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev \
+    bazel-bootstrap iproute2 util-linux >/dev/null
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -267,6 +267,7 @@ class SmbInitOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("timeout_seconds", &timeout));
     options_.timeout_s = timeout;
     OP_REQUIRES_OK(c, c->GetAttr("create", &options_.create));
+    OP_REQUIRES_OK(c, c->GetAttr("across_nodes", &options_.across_nodes));
     int64_t staging, heap;
     OP_REQUIRES_OK(c, c->GetAttr("staging_bytes", &staging));
     OP_REQUIRES_OK(c, c->GetAttr("heap_bytes", &heap));

@@ -21,11 +21,14 @@ REGISTER_OP("SmbInit")
     .Attr("create: bool")
     .Attr("staging_bytes: int")
     .Attr("heap_bytes: int")
+    .Attr("across_nodes: bool")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(
 Joins this process to the job's box as `rank` of `world`. Run once, eagerly,
 before any other SMB op; `create` makes the box (rank 0 without a launcher).
+`across_nodes`: the job spans nodes; MPI finds the nodes, each node's local
+rank 0 creates its box, and the boxes are joined over MPI.
 The Python wrapper passes every attribute (defaults: cc/smb/defaults.h).
 )doc");
 

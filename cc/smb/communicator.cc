@@ -1,6 +1,7 @@
 #include "cc/smb/communicator.h"
 
 #include "cc/smb/algorithms/broadcast.h"
+#include "cc/smb/transport/mpi_link.h"
 #include "cc/smb/transport/shm_peers.h"
 
 namespace smb {
@@ -18,6 +19,7 @@ Status Communicator::Open(const Options& options, std::unique_ptr<Communicator>*
     return InvalidArgument("timeout must be positive, got " +
                            std::to_string(options.timeout_s));
   }
+  if (options.across_nodes) return OpenAcrossNodes(options, out);
   std::unique_ptr<ShmPeers> peers;
   if (options.world > 1) {
     std::unique_ptr<Box> box;
@@ -39,19 +41,50 @@ Status Communicator::Open(const Options& options, std::unique_ptr<Communicator>*
     }
     SMB_RETURN_IF_ERROR(ShmPeers::Join(std::move(box), options.rank, &peers));
   }
-  *out = std::make_unique<Communicator>(Token(), std::move(peers), options.world,
+  *out = std::make_unique<Communicator>(Token(), std::move(peers), nullptr, options.timeout_s);
+  return Status::Ok();
+}
+
+Status Communicator::OpenAcrossNodes(const Options& options, std::unique_ptr<Communicator>* out) {
+  std::shared_ptr<NodeLink> link;
+  MpiLinkOptions mo;
+  mo.rank = options.rank;
+  mo.world = options.world;
+  mo.timeout_s = options.timeout_s;
+  SMB_RETURN_IF_ERROR(StartMpiLink(mo, &link));
+  // One box per node, named by the node's index: boxes of two nodes never
+  // collide, even where nodes share /dev/shm.
+  const std::string job_id =
+      options.job_id.substr(0, 90) + "-node" + std::to_string(link->node());
+  std::unique_ptr<Box> box;
+  if (link->local_rank() == 0) {
+    Box::Options bo;
+    bo.job_id = job_id;
+    bo.world = link->local_size();
+    bo.staging_bytes = options.staging_bytes;
+    bo.heap_bytes = options.heap_bytes;
+    SMB_RETURN_IF_ERROR(Box::Create(bo, &box));
+  } else {
+    SMB_RETURN_IF_ERROR(Box::Attach(job_id, options.timeout_s, &box));
+  }
+  std::unique_ptr<ShmPeers> peers;
+  SMB_RETURN_IF_ERROR(ShmPeers::Join(std::move(box), link->local_rank(), &peers));
+  *out = std::make_unique<Communicator>(Token(), std::move(peers), std::move(link),
                                         options.timeout_s);
   return Status::Ok();
 }
 
 std::unique_ptr<Communicator> Communicator::Create(std::shared_ptr<Peers> peers,
-                                                   double timeout_s) {
-  const int world = peers->world();
-  return std::make_unique<Communicator>(Token(), std::move(peers), world, timeout_s);
+                                                   double timeout_s,
+                                                   std::shared_ptr<NodeLink> link) {
+  return std::make_unique<Communicator>(Token(), std::move(peers), std::move(link), timeout_s);
 }
 
-Communicator::Communicator(Token, std::shared_ptr<Peers> peers, int world, double timeout_s)
-    : group_(world > 1 ? std::move(peers) : nullptr, timeout_s), clock_(&group_) {}
+Communicator::Communicator(Token, std::shared_ptr<Peers> peers, std::shared_ptr<NodeLink> link,
+                           double timeout_s)
+    : group_(peers && (peers->world() > 1 || link) ? std::move(peers) : nullptr, timeout_s,
+             std::move(link)),
+      clock_(&group_) {}
 
 Status Communicator::AllReduceSum(const std::vector<TensorRef>& tensors) {
   return smb::AllReduceSum(group_, tensors);
@@ -68,7 +101,7 @@ Status Communicator::Broadcast(int root, const std::vector<TensorRef>& tensors) 
 }
 
 Status Communicator::Barrier() {
-  if (world() == 1) return Status::Ok();
+  if (group_.alone()) return Status::Ok();
   return group_.Agree("barrier", "barrier");
 }
 

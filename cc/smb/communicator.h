@@ -45,19 +45,26 @@ class Communicator {
     bool create = false;
     size_t staging_bytes = kDefaultStagingBytes;
     size_t heap_bytes = kDefaultHeapBytes;
+    // The job spans nodes: MPI (transport/mpi_link.h) finds each rank's node,
+    // each node's local rank 0 creates the node's box (`create` is ignored),
+    // and the nodes are joined through MPI.
+    bool across_nodes = false;
   };
 
-  // The processes of one node, through the job's box (world 1: no box).
+  // The processes of one node, through the job's box (world 1: no box), and
+  // with across_nodes the boxes of several nodes.
   static Status Open(const Options& options, std::unique_ptr<Communicator>* out);
-  // Any transport's peers (see peers.h).
-  static std::unique_ptr<Communicator> Create(std::shared_ptr<Peers> peers, double timeout_s);
+  // Any transport's peers (see peers.h), and other nodes through `link`.
+  static std::unique_ptr<Communicator> Create(std::shared_ptr<Peers> peers, double timeout_s,
+                                              std::shared_ptr<NodeLink> link = nullptr);
 
   // Only Open() and Create() can make the token: use them.
   class Token {
     friend class Communicator;
     Token() = default;
   };
-  Communicator(Token, std::shared_ptr<Peers> peers, int world, double timeout_s);
+  Communicator(Token, std::shared_ptr<Peers> peers, std::shared_ptr<NodeLink> link,
+               double timeout_s);
 
   // out = sum over ranks of in, for every tensor (any mix of dtypes).
   Status AllReduceSum(const std::vector<TensorRef>& tensors);
@@ -71,14 +78,18 @@ class Communicator {
 
   Group& group() { return group_; }
   StepClock& clock() { return clock_; }
-  int rank() const { return group_.rank(); }
-  int world() const { return group_.world(); }
+  // The job's rank and size (group().rank() and world() are this node's).
+  int rank() const { return group_.job_rank(); }
+  int world() const { return group_.job_world(); }
   // The node's box (segments for the asynchronous mode); null for world 1
   // and for transports without one.
+  bool across_nodes() const { return group_.link() != nullptr; }
   Box* box() const { return group_.peers() ? group_.peers()->box() : nullptr; }
   void set_timeout(double seconds) { group_.set_timeout(seconds); }
 
  private:
+  static Status OpenAcrossNodes(const Options& options, std::unique_ptr<Communicator>* out);
+
   Group group_;
   StepClock clock_;
 };

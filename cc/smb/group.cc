@@ -23,13 +23,53 @@ inline void CpuRelax() {
 #endif
 }
 
+void Wake(GroupControl* g) {
+  g->wake.fetch_add(1, std::memory_order_acq_rel);
+  FutexWakeAll(&g->wake);
+}
+
+// Stops the group for good with `failure`; false when another failure came first.
+bool Abort(GroupControl* g, const Status& failure) {
+  uint32_t expected = 0;
+  // First failure wins; 1 = writing the reason, 2 = reason readable.
+  if (!g->aborted.compare_exchange_strong(expected, 1)) return false;
+  std::strncpy(g->abort_reason, failure.message().c_str(), sizeof g->abort_reason - 1);
+  g->abort_code.store(static_cast<int32_t>(failure.code()), std::memory_order_relaxed);
+  g->aborted.store(2, std::memory_order_release);
+  Wake(g);
+  return true;
+}
+
+// One node's verdict on a collective, as exchanged between nodes.
+struct NodeVerdict {
+  uint64_t hash;  // of the description; 0 when the node failed to agree
+  uint32_t failed;
+  uint32_t len;
+  char text[kDescTextBytes - 16];  // the description, or why the node failed
+};
+
 }  // namespace
 
-Group::Group(std::shared_ptr<Peers> peers, double timeout_s)
+Group::Group(std::shared_ptr<Peers> peers, double timeout_s, std::shared_ptr<NodeLink> link)
     : peers_(std::move(peers)),
+      link_(std::move(link)),
       rank_(peers_ ? peers_->rank() : 0),
       world_(peers_ ? peers_->world() : 1),
-      timeout_s_(timeout_s) {}
+      timeout_s_(timeout_s) {
+  if (link_ && peers_) {
+    // Another node's failure stops this node's ranks too; a decision wakes
+    // the scheduler that waits on the box.
+    std::shared_ptr<Peers> peers_alive = peers_;
+    link_->SetCallbacks(
+        [peers_alive](const Status& failure) { Abort(peers_alive->control(), failure); },
+        [peers_alive] { Wake(peers_alive->control()); },
+        [this] { return Failure(); });
+  }
+}
+
+Group::~Group() {
+  if (link_) link_->SetCallbacks(nullptr, nullptr, nullptr);
+}
 
 Status Group::Failure() const {
   if (!peers_) return Status::Ok();
@@ -43,15 +83,8 @@ Status Group::Failure() const {
 
 Status Group::Fail(const Status& failure) {
   if (!peers_ || failure.ok()) return failure;
-  GroupControl* g = control();
-  uint32_t expected = 0;
-  // First failure wins; 1 = writing the reason, 2 = reason readable.
-  if (g->aborted.compare_exchange_strong(expected, 1)) {
-    std::strncpy(g->abort_reason, failure.message().c_str(), sizeof g->abort_reason - 1);
-    g->abort_code.store(static_cast<int32_t>(failure.code()), std::memory_order_relaxed);
-    g->aborted.store(2, std::memory_order_release);
-    Poke();
-  }
+  // The first failure on this node tells the other nodes.
+  if (Abort(control(), failure) && link_) link_->SendFailure(failure);
   return failure;
 }
 
@@ -110,8 +143,9 @@ Status Group::Sync(const std::string& what) {
 }
 
 Status Group::Agree(const std::string& op, const std::string& desc) {
-  if (world_ == 1) return Status::Ok();
+  if (alone()) return Status::Ok();
   timeline::Scope scope(rank_, timeline::kCollectives, "agree");
+  if (world_ == 1) return AgreeAcrossNodes(desc, Status::Ok());
   GroupControl* g = control();
   const int parity = static_cast<int>(collectives_++ & 1);
   char* slot = g->ranks[rank_].desc[parity];
@@ -130,9 +164,37 @@ Status Group::Agree(const std::string& op, const std::string& desc) {
     std::memcpy(&other_hash, other, sizeof other_hash);
     if (other_hash != root_hash) {
       // Every rank reaches the same verdict from the same slots: no hang.
-      return InvalidArgument("ranks disagree on a collective: rank 0 called " +
-                             std::string(g->ranks[0].desc[parity] + 12) + "; rank " +
-                             std::to_string(r) + " called " + std::string(other + 12));
+      Status verdict = InvalidArgument(
+          "ranks disagree on a collective: rank " + std::to_string(JobRankOf(0)) + " called " +
+          std::string(g->ranks[0].desc[parity] + 12) + "; rank " +
+          std::to_string(JobRankOf(r)) + " called " + std::string(other + 12));
+      return link_ ? AgreeAcrossNodes(desc, verdict) : verdict;
+    }
+  }
+  return link_ ? AgreeAcrossNodes(desc, Status::Ok()) : Status::Ok();
+}
+
+Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local) {
+  NodeVerdict mine{};
+  const std::string& text = local.ok() ? desc : local.message();
+  mine.failed = local.ok() ? 0 : 1;
+  mine.hash = local.ok() ? StableHash(desc) : 0;
+  mine.len = static_cast<uint32_t>(std::min(text.size(), sizeof mine.text - 1));
+  std::memcpy(mine.text, text.data(), mine.len);
+  const int nodes = link_->nodes();
+  std::vector<NodeVerdict> all(nodes);
+  Status exchanged = link_->AllGather(&mine, sizeof mine, all.data(), timeout_s());
+  if (!exchanged.ok()) return exchanged;
+  auto text_of = [](const NodeVerdict& v) { return std::string(v.text, v.len); };
+  for (int n = 0; n < nodes; ++n) {
+    if (all[n].failed) return InvalidArgument(text_of(all[n]));
+  }
+  for (int n = 1; n < nodes; ++n) {
+    if (all[n].hash != all[0].hash) {
+      return InvalidArgument("ranks disagree on a collective: rank " +
+                             std::to_string(link_->JobRank(0, 0)) + " (node 0) called " +
+                             text_of(all[0]) + "; rank " + std::to_string(link_->JobRank(n, 0)) +
+                             " (node " + std::to_string(n) + ") called " + text_of(all[n]));
     }
   }
   return Status::Ok();
@@ -171,10 +233,7 @@ Status Group::WaitUntil(const std::string& what, const std::function<bool()>& do
 }
 
 void Group::Poke() {
-  if (!peers_) return;
-  GroupControl* g = control();
-  g->wake.fetch_add(1, std::memory_order_acq_rel);
-  FutexWakeAll(&g->wake);
+  if (peers_) Wake(control());
 }
 
 uint32_t Group::WakeWord() const {
@@ -198,13 +257,30 @@ void Group::PublishPending(const std::vector<uint64_t>& keys) {
 }
 
 bool Group::NextCollective(const std::vector<uint64_t>& mine, uint64_t* key) {
-  if (world_ == 1) {
+  if (alone()) {
     if (mine.empty()) return false;
     *key = mine.front();
     return true;
   }
   GroupControl* g = control();
   const int slot = static_cast<int>(decided_ & 1);
+  if (rank_ == 0 && link_) {
+    // This node's leader: offers what every rank of the node has waiting;
+    // node 0's leader decides for the whole job.
+    std::vector<uint64_t> everywhere;
+    for (uint64_t k : mine) {
+      if (RanksWithout(k).empty()) everywhere.push_back(k);
+    }
+    link_->OfferCandidates(everywhere);
+    uint64_t k;
+    if (!link_->NextDecision(&k)) return false;
+    g->decision_key[slot].store(k, std::memory_order_relaxed);
+    g->decision_seq[slot].store(decided_ + 1, std::memory_order_release);
+    ++decided_;
+    Poke();
+    *key = k;
+    return true;
+  }
   if (rank_ == 0) {
     for (uint64_t k : mine) {
       if (!RanksWithout(k).empty()) continue;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/smb/node_link.h"
 #include "cc/smb/peers.h"
 #include "cc/smb/status.h"
 
@@ -27,11 +28,24 @@ namespace smb {
 
 class Group {
  public:
-  // `peers` null: a group of one (every call succeeds at once).
-  Group(std::shared_ptr<Peers> peers, double timeout_s);
+  // `peers` null: a group of one (every call succeeds at once). `link`: the
+  // job spans nodes (node_link.h); then peers are this node's ranks, the
+  // agreement, the order of collectives and failure are job-wide, and the
+  // algorithms combine the nodes through the link.
+  Group(std::shared_ptr<Peers> peers, double timeout_s, std::shared_ptr<NodeLink> link = nullptr);
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
 
+  // This node's ranks (the job's, on one node).
   int rank() const { return rank_; }
   int world() const { return world_; }
+  // The whole job's.
+  int job_rank() const { return link_ ? link_->job_rank() : rank_; }
+  int job_world() const { return link_ ? link_->job_world() : world_; }
+  // A group of one rank on one node: collectives are copies.
+  bool alone() const { return world_ == 1 && !link_; }
+  NodeLink* link() const { return link_.get(); }
   Peers* peers() const { return peers_.get(); }
   const std::shared_ptr<Peers>& shared_peers() const { return peers_; }
   double timeout_s() const { return timeout_s_.load(std::memory_order_relaxed); }
@@ -81,7 +95,13 @@ class Group {
  private:
   GroupControl* control() const { return peers_->control(); }
 
+  // The job rank of this node's rank `local`.
+  int JobRankOf(int local) const { return link_ ? link_->JobRank(link_->node(), local) : local; }
+  // The verdict of Agree() across nodes, the same on every rank.
+  Status AgreeAcrossNodes(const std::string& desc, const Status& local);
+
   std::shared_ptr<Peers> peers_;
+  std::shared_ptr<NodeLink> link_;
   int rank_;
   int world_;
   std::atomic<double> timeout_s_;

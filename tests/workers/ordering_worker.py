@@ -6,8 +6,8 @@ Scenarios:
            broadcast is checked against its exact value.
   keras    model.fit with steps_per_execution 1, 4, 7 and with
            gradient_accumulation_steps=2: the final weights of each.
-Run with TF_SMB_RANK/TF_SMB_SIZE set for N workers (keras also without, for
-the one-process reference).
+Run with TF_SMB_RANK/TF_SMB_SIZE set (or under mpirun) for N workers (keras
+also without, for the one-process reference).
 """
 import argparse
 import json
@@ -87,8 +87,9 @@ def stress_function(rank, size, steps):
 
 
 def scenario_stress(a):
-    rank = int(os.environ.get("TF_SMB_RANK", 0))
-    size = int(os.environ.get("TF_SMB_SIZE", 1))
+    from tf_smb import env  # pylint: disable=import-outside-toplevel
+    job = env.detect()  # from any launcher (tf_smb.run, mpirun)
+    rank, size = job.rank, job.size
     import tensorflow as tf
     rounds = []
     try:
@@ -136,7 +137,8 @@ def main():
     p.add_argument("--batch", type=int, default=8, help="per-worker batch")
     a = p.parse_args()
     result = {"stress": scenario_stress, "keras": scenario_keras}[a.scenario](a)
-    result["rank"] = int(os.environ.get("TF_SMB_RANK", 0))
+    from tf_smb import env  # pylint: disable=import-outside-toplevel
+    result["rank"] = env.detect().rank
     print(json.dumps(result), flush=True)
 
 

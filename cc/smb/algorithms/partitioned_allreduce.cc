@@ -20,6 +20,11 @@ void SumRanks(DType dtype, const std::vector<const char*>& srcs, char* dst, char
   alignas(64) char block[16384];
   const size_t elem = DTypeSize(dtype);
   const size_t per = sizeof block / elem;
+  if (srcs.size() == 1) {  // one rank on this node (the nodes sum it)
+    std::memcpy(dst, srcs[0], n * elem);
+    if (copy != nullptr) std::memcpy(copy, srcs[0], n * elem);
+    return;
+  }
   for (size_t i = 0; i < n; i += per) {
     const size_t m = std::min(per, n - i);
     const size_t at = i * elem;
@@ -38,9 +43,13 @@ void CopyThrough(const std::vector<TensorRef>& tensors) {
 }
 
 // The reduction of tensors that passed Agree(); with `shared_out` the
-// outputs are in a result buffer every rank reads.
+// outputs are in a result buffer every rank reads. Across nodes, rank r's
+// node-partial sum of its slice goes into its staging buffer, is summed with
+// local rank r of every other node through the link, and comes back to its
+// outputs; the node's ranks then copy it out as on one node.
 Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool shared_out) {
   Peers* peers = group.peers();
+  NodeLink* link = group.link();
   const int world = group.world(), rank = group.rank();
   const size_t staging = peers->staging_bytes();
   std::vector<const char*> sources(world);
@@ -80,10 +89,23 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
                      sources[q] =
                          q == rank ? p.in + at : peers->staging(buffer, q) + my_lo + pos;
                    }
-                   // Copied out, the others take this slice from my staging.
-                   SumRanks(dtype, sources, p.out + at,
-                            shared_out ? nullptr : mine + my_lo + pos, bytes / elem);
+                   // Copied out, the others take this slice from my staging;
+                   // across nodes it is summed there first.
+                   if (link != nullptr) {
+                     SumRanks(dtype, sources, mine + my_lo + pos, nullptr, bytes / elem);
+                   } else {
+                     SumRanks(dtype, sources, p.out + at,
+                              shared_out ? nullptr : mine + my_lo + pos, bytes / elem);
+                   }
                  });
+      }
+      if (link != nullptr) {
+        {
+          timeline::Scope phase(rank, timeline::kCollectives, "across nodes");
+          SMB_RETURN_IF_ERROR(link->AllReduceSum(dtype, mine + my_lo, (my_hi - my_lo) / elem,
+                                                 group.timeout_s()));
+        }
+        ScatterBytes(mine + my_lo, offset + my_lo, my_hi - my_lo, pieces);
       }
       if (shared_out) continue;
       SMB_RETURN_IF_ERROR(group.Sync("allreduce (reduction)"));
@@ -133,7 +155,7 @@ ResultHold::~ResultHold() {
 
 Status AllReduceSum(Group& group, const std::vector<TensorRef>& tensors) {
   SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
-  if (group.world() == 1) {
+  if (group.alone()) {
     timeline::Scope phase(group.rank(), timeline::kCollectives, "copy out");
     CopyThrough(tensors);
     return Status::Ok();
@@ -147,7 +169,7 @@ Status AllReduceSumShared(Group& group, std::vector<TensorRef> tensors, OpContex
   sums->clear();
   hold->reset();
   SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
-  if (group.world() == 1) {
+  if (group.alone()) {
     SMB_RETURN_IF_ERROR(context->AllocateOutputs(&tensors));
     timeline::Scope phase(group.rank(), timeline::kCollectives, "copy out");
     CopyThrough(tensors);

@@ -1,0 +1,75 @@
+// The job's other nodes, as one rank sees them. A job spans nodes × L ranks;
+// the ranks of a node meet in the node's box (peers.h), and local rank r of
+// every node is linked with local rank r of the others: a node-partial sum
+// of slice r crosses the network once per node, in L streams at a time.
+// Group (group.h) and the algorithms use this interface only; a transport
+// implements it (transport/mpi_link.h: Open MPI, through one communication
+// thread per process).
+//
+// Collectives here run among "my counterparts": the ranks with this local
+// rank on every node, in the order the job's collectives are decided (see
+// OfferCandidates), so they always match up.
+#ifndef TF_SMB_CC_SMB_NODE_LINK_H_
+#define TF_SMB_CC_SMB_NODE_LINK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cc/smb/dtype.h"
+#include "cc/smb/status.h"
+
+namespace smb {
+
+class NodeLink {
+ public:
+  virtual ~NodeLink() = default;
+
+  // ---- Where this rank sits ----
+  virtual int node() const = 0;
+  virtual int nodes() const = 0;
+  virtual int local_rank() const = 0;
+  virtual int local_size() const = 0;
+  virtual int job_rank() const = 0;
+  virtual int job_world() const = 0;
+  // The job rank of local rank `local` on node `node`.
+  virtual int JobRank(int node, int local) const = 0;
+  // Where job rank `rank` sits.
+  virtual void Locate(int rank, int* node, int* local) const = 0;
+
+  // ---- Collectives among my counterparts (every wait ends after timeout_s,
+  // or at once when the job fails) ----
+  // data = sum over nodes of data, `count` elements of `dtype`, in place;
+  // every node gets the same bits.
+  virtual Status AllReduceSum(DType dtype, void* data, size_t count, double timeout_s) = 0;
+  // out[n * bytes, (n + 1) * bytes) = node n's `in`.
+  virtual Status AllGather(const void* in, size_t bytes, void* out, double timeout_s) = 0;
+  // data = node `root`'s data.
+  virtual Status Broadcast(void* data, size_t bytes, int root, double timeout_s) = 0;
+
+  // ---- Which collective runs next, job-wide (node leaders, local rank 0) ----
+  // The keys every rank of this node has waiting, oldest first. Node 0's
+  // leader decides: the oldest of its keys that every node offers.
+  virtual void OfferCandidates(const std::vector<uint64_t>& keys) = 0;
+  // The next decided key, in decision order; false: none yet.
+  virtual bool NextDecision(uint64_t* key) = 0;
+
+  // ---- Failure ----
+  // Tells every other rank of the job that the job failed.
+  virtual void SendFailure(const Status& failure) = 0;
+  // `failed` runs (on the link's thread) when another rank's failure
+  // arrives; `wake` whenever something arrived that a waiter may want
+  // (a decision); waits also end early when `local_failure` is not OK.
+  // Each may be called until SetCallbacks replaces it.
+  virtual void SetCallbacks(std::function<void(const Status&)> failed,
+                            std::function<void()> wake,
+                            std::function<Status()> local_failure) = 0;
+  // Why the job failed (another rank's failure or a link error); OK while it runs.
+  virtual Status Failure() const = 0;
+};
+
+}  // namespace smb
+
+#endif  // TF_SMB_CC_SMB_NODE_LINK_H_

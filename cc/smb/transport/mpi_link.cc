@@ -1,0 +1,652 @@
+#include "cc/smb/transport/mpi_link.h"
+
+#ifndef TF_SMB_WITH_MPI
+
+namespace smb {
+
+bool MpiLinkAvailable() { return false; }
+
+Status StartMpiLink(const MpiLinkOptions&, std::shared_ptr<NodeLink>*) {
+  return Status(Code::kInternal,
+                "this job spans several nodes, but tf_smb's library was built without MPI "
+                "(mpi.h was not found when it was compiled): install Open MPI's development "
+                "files (apt-get install libopenmpi-dev) and remove ~/.cache/tf_smb/ops (or "
+                "reinstall tf_smb) so that it is rebuilt with MPI");
+}
+
+}  // namespace smb
+
+#else  // TF_SMB_WITH_MPI
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include "cc/smb/process.h"
+
+namespace smb {
+namespace {
+
+// Point-to-point control messages (on a duplicate of MPI_COMM_WORLD, so they
+// never match a collective's traffic).
+constexpr int kTagCandidates = 11;  // leader -> node 0's leader: [applied, keys...]
+constexpr int kTagDecision = 12;    // node 0's leader -> leaders: [seq, key]
+constexpr int kTagFailure = 13;     // anyone -> everyone: [code, message]
+
+constexpr double kWaitSliceS = 0.02;  // how often waiters look at the job's failure
+
+std::string MpiError(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, len);
+}
+
+// dst = src + dst, for float16/bfloat16 carried as 16-bit words.
+void SumHalf(void* in, void* inout, int* len, MPI_Datatype*) {
+  SumInto(DType::kFloat16, inout, in, inout, static_cast<size_t>(*len));
+}
+void SumBFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
+  SumInto(DType::kBFloat16, inout, in, inout, static_cast<size_t>(*len));
+}
+
+// One MPI operation a caller waits for, started and completed on the thread.
+struct Op {
+  std::function<int(MPI_Request*)> start;
+  MPI_Request request = MPI_REQUEST_NULL;
+  bool done = false;
+  int error = MPI_SUCCESS;
+  std::vector<char> buffer;  // memory the operation owns (outlives an abandoned wait)
+};
+
+class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
+ public:
+  Status Begin(const MpiLinkOptions& options);
+  void Stop();
+  ~MpiLink() override { Stop(); }
+
+  int node() const override { return node_; }
+  int nodes() const override { return nodes_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+  int job_rank() const override { return rank_; }
+  int job_world() const override { return world_; }
+  int JobRank(int node, int local) const override { return job_rank_of_[node * local_size_ + local]; }
+  void Locate(int rank, int* node, int* local) const override {
+    *node = node_of_[rank];
+    *local = local_of_[rank];
+  }
+
+  Status AllReduceSum(DType dtype, void* data, size_t count, double timeout_s) override;
+  Status AllGather(const void* in, size_t bytes, void* out, double timeout_s) override;
+  Status Broadcast(void* data, size_t bytes, int root, double timeout_s) override;
+  void OfferCandidates(const std::vector<uint64_t>& keys) override;
+  bool NextDecision(uint64_t* key) override;
+  void SendFailure(const Status& failure) override;
+  void SetCallbacks(std::function<void(const Status&)> failed, std::function<void()> wake,
+                    std::function<Status()> local_failure) override;
+  Status Failure() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
+
+ private:
+  Status Setup(const MpiLinkOptions& options);  // on the thread
+  // The thread; `self` keeps the link alive while it runs.
+  static void Loop(std::shared_ptr<MpiLink> self, MpiLinkOptions options);
+  void Work(const MpiLinkOptions& options);
+  Status Run(const std::shared_ptr<Op>& op, const std::string& what, double timeout_s);
+  void SetFailure(const Status& failure);  // mu_ held
+  // On the thread:
+  bool Receive();
+  void Offer(int node, const std::vector<uint64_t>& message);
+  void Decide();
+  void Send(int to, int tag, std::vector<uint64_t> words);
+
+  // Layout, fixed once Begin() returns.
+  int rank_ = 0, world_ = 1, node_ = 0, nodes_ = 1, local_rank_ = 0, local_size_ = 1;
+  std::vector<int> job_rank_of_;      // [node * local_size + local] -> job rank
+  std::vector<int> node_of_, local_of_;  // job rank -> node, local rank
+  MPI_Comm cross_ = MPI_COMM_NULL;    // my counterparts, ranked by node
+  MPI_Comm control_ = MPI_COMM_NULL;  // point-to-point control messages
+  MPI_Op sum_half_ = MPI_OP_NULL, sum_bfloat16_ = MPI_OP_NULL;
+
+  std::thread thread_;
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;  // wakes the thread
+  std::condition_variable done_cv_;  // wakes callers
+  bool started_ = false;             // Setup finished (see setup_)
+  Status setup_;
+  bool stop_ = false;
+  bool finished_ = false;            // the thread returned
+  double finalize_wait_s_ = 600;     // how long exit waits for MPI_Finalize
+  std::deque<std::shared_ptr<Op>> queue_;
+  std::vector<std::shared_ptr<Op>> active_;  // thread only
+  // Leader: what to offer next (latest wins), decisions not yet taken.
+  bool offer_pending_ = false;
+  std::vector<uint64_t> offer_;       // [applied, keys...]
+  std::vector<uint64_t> last_offer_;
+  std::deque<uint64_t> decisions_;
+  uint64_t applied_ = 0;              // decisions taken by NextDecision
+  // Failure.
+  Status failure_;
+  Status failure_to_send_;
+  std::function<void(const Status&)> failed_cb_;
+  std::function<void()> wake_cb_;
+  std::function<Status()> local_failure_cb_;
+  // Node 0's leader only (thread only): every node's offer and the keys
+  // decided that an offer may still name.
+  std::vector<std::vector<uint64_t>> offers_;
+  std::vector<uint64_t> applied_by_node_;
+  std::unordered_map<uint64_t, uint64_t> decided_;  // key -> decision number
+  uint64_t decisions_made_ = 0;
+  // Sends in flight (thread only).
+  std::vector<std::pair<MPI_Request, std::shared_ptr<std::vector<uint64_t>>>> sends_;
+};
+
+Status MpiLink::Begin(const MpiLinkOptions& options) {
+  finalize_wait_s_ = options.timeout_s;
+  thread_ = std::thread(&MpiLink::Loop, shared_from_this(), options);
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return started_; });
+  return setup_;
+}
+
+Status MpiLink::Setup(const MpiLinkOptions& options) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    if (rc != MPI_SUCCESS) return Status(Code::kInternal, "MPI_Init_thread failed: " + MpiError(rc));
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_);
+  if (rank_ != options.rank || world_ != options.world) {
+    return InvalidArgument("the launcher's environment says rank " + std::to_string(options.rank) +
+                           " of " + std::to_string(options.world) + ", but MPI says rank " +
+                           std::to_string(rank_) + " of " + std::to_string(world_) +
+                           " (were these processes started by one mpirun/srun?)");
+  }
+  // The ranks that share memory with this one are its node.
+  MPI_Comm node_comm;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm);
+  MPI_Comm_rank(node_comm, &local_rank_);
+  MPI_Comm_size(node_comm, &local_size_);
+  MPI_Comm leaders;
+  MPI_Comm_split(MPI_COMM_WORLD, local_rank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders);
+  int where[2] = {0, 0};  // node index, nodes
+  if (local_rank_ == 0) {
+    MPI_Comm_rank(leaders, &where[0]);
+    MPI_Comm_size(leaders, &where[1]);
+    MPI_Comm_free(&leaders);
+  }
+  MPI_Bcast(where, 2, MPI_INT, 0, node_comm);
+  MPI_Comm_free(&node_comm);
+  node_ = where[0];
+  nodes_ = where[1];
+  // Every rank's place: (node, local rank, local size).
+  const int mine[3] = {node_, local_rank_, local_size_};
+  std::vector<int> all(3 * static_cast<size_t>(world_));
+  MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, MPI_COMM_WORLD);
+  std::string sizes;
+  bool uneven = false;
+  std::vector<int> per_node(nodes_, 0);
+  for (int r = 0; r < world_; ++r) {
+    per_node[all[3 * r]] = all[3 * r + 2];
+    if (all[3 * r + 2] != local_size_) uneven = true;
+  }
+  if (uneven) {
+    for (int n = 0; n < nodes_; ++n) {
+      sizes += (n ? ", " : "") + std::to_string(per_node[n]) + " on node " + std::to_string(n);
+    }
+    return InvalidArgument("every node of a job must run the same number of workers, got " + sizes);
+  }
+  job_rank_of_.assign(world_, 0);
+  node_of_.assign(world_, 0);
+  local_of_.assign(world_, 0);
+  for (int r = 0; r < world_; ++r) {
+    node_of_[r] = all[3 * r];
+    local_of_[r] = all[3 * r + 1];
+    job_rank_of_[node_of_[r] * local_size_ + local_of_[r]] = r;
+  }
+  MPI_Comm_split(MPI_COMM_WORLD, local_rank_, node_, &cross_);
+  MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
+  MPI_Comm_dup(MPI_COMM_WORLD, &control_);
+  MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
+  MPI_Op_create(&SumHalf, /*commute=*/1, &sum_half_);
+  MPI_Op_create(&SumBFloat16, /*commute=*/1, &sum_bfloat16_);
+  if (node_ == 0 && local_rank_ == 0) {
+    offers_.assign(nodes_, {});
+    applied_by_node_.assign(nodes_, 0);
+  }
+  return Status::Ok();
+}
+
+void MpiLink::Loop(std::shared_ptr<MpiLink> self, MpiLinkOptions options) {
+  self->Work(options);
+}
+
+void MpiLink::Work(const MpiLinkOptions& options) {
+  Status setup = Setup(options);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    setup_ = setup;
+    started_ = true;
+  }
+  done_cv_.notify_all();
+  if (!setup.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_ = true;
+    done_cv_.notify_all();
+    return;
+  }
+  double idle_s = 0;  // sleeps grow while nothing happens, up to 1 ms
+  for (;;) {
+    bool busy = false;
+    std::deque<std::shared_ptr<Op>> starting;
+    std::vector<uint64_t> offer;
+    bool have_offer = false, stop = false;
+    Status to_send;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      starting.swap(queue_);
+      if (offer_pending_) {
+        offer.swap(offer_);
+        offer_pending_ = false;
+        have_offer = true;
+      }
+      to_send = failure_to_send_;
+      failure_to_send_ = Status::Ok();
+      stop = stop_;
+    }
+    if (!to_send.ok()) {
+      const std::string& m = to_send.message();
+      std::vector<uint64_t> words(1 + (m.size() + 8) / 8, 0);
+      words[0] = static_cast<uint64_t>(to_send.code());
+      std::memcpy(words.data() + 1, m.data(), m.size());
+      for (int r = 0; r < world_; ++r) {
+        if (r != rank_) Send(r, kTagFailure, words);
+      }
+      busy = true;
+    }
+    for (auto& op : starting) {
+      op->error = op->start(&op->request);
+      if (op->error != MPI_SUCCESS) {
+        std::lock_guard<std::mutex> lock(mu_);
+        op->done = true;
+        done_cv_.notify_all();
+      } else {
+        active_.push_back(op);
+      }
+      busy = true;
+    }
+    if (have_offer) {
+      if (node_ == 0) {
+        Offer(0, offer);
+      } else {
+        Send(JobRank(0, 0), kTagCandidates, std::move(offer));
+      }
+      busy = true;
+    }
+    for (size_t i = 0; i < active_.size();) {
+      int flag = 0;
+      const int rc = MPI_Test(&active_[i]->request, &flag, MPI_STATUS_IGNORE);
+      if (rc == MPI_SUCCESS && !flag) {
+        ++i;
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        active_[i]->error = rc;
+        active_[i]->done = true;
+      }
+      done_cv_.notify_all();
+      active_.erase(active_.begin() + i);
+      busy = true;
+    }
+    for (size_t i = 0; i < sends_.size();) {
+      int flag = 0;
+      const int rc = MPI_Test(&sends_[i].first, &flag, MPI_STATUS_IGNORE);
+      if (rc == MPI_SUCCESS && !flag) {
+        ++i;
+        continue;
+      }
+      sends_.erase(sends_.begin() + i);
+    }
+    while (Receive()) busy = true;
+    if (stop) {
+      const bool failed = !Failure().ok();
+      if (failed || (active_.empty() && sends_.empty())) break;
+    }
+    if (busy) {
+      idle_s = 0;
+      continue;
+    }
+    idle_s = std::min(1e-3, std::max(2e-5, idle_s * 2));
+    std::unique_lock<std::mutex> lock(mu_);
+    work_cv_.wait_for(lock, std::chrono::duration<double>(idle_s), [&] {
+      return !queue_.empty() || offer_pending_ || stop_ || !failure_to_send_.ok();
+    });
+  }
+  // Every rank finalizes, unless the job failed (then peers may never come
+  // and mpirun ends the job anyway).
+  if (Failure().ok()) {
+    MPI_Op_free(&sum_half_);
+    MPI_Op_free(&sum_bfloat16_);
+    MPI_Comm_free(&cross_);
+    MPI_Comm_free(&control_);
+    MPI_Finalize();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  finished_ = true;
+  done_cv_.notify_all();
+}
+
+void MpiLink::Stop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!thread_.joinable()) return;
+  if (std::this_thread::get_id() == thread_.get_id()) {
+    thread_.detach();  // the thread let go of the last reference: it is ending
+    return;
+  }
+  stop_ = true;
+  work_cv_.notify_all();
+  // Never hang the exit on peers that are gone: after the wait, leave the
+  // thread (which keeps the link alive) to the OS.
+  if (done_cv_.wait_for(lock, std::chrono::duration<double>(finalize_wait_s_),
+                        [&] { return finished_; })) {
+    lock.unlock();
+    thread_.join();
+  } else {
+    thread_.detach();
+  }
+}
+
+void MpiLink::Send(int to, int tag, std::vector<uint64_t> words) {
+  auto buffer = std::make_shared<std::vector<uint64_t>>(std::move(words));
+  MPI_Request request;
+  if (MPI_Isend(buffer->data(), static_cast<int>(buffer->size()), MPI_UINT64_T, to, tag, control_,
+                &request) == MPI_SUCCESS) {
+    sends_.emplace_back(request, std::move(buffer));
+  }
+}
+
+bool MpiLink::Receive() {
+  int flag = 0;
+  MPI_Status status;
+  if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, control_, &flag, &status) != MPI_SUCCESS || !flag) {
+    return false;
+  }
+  int count = 0;
+  MPI_Get_count(&status, MPI_UINT64_T, &count);
+  std::vector<uint64_t> words(std::max(count, 1));
+  MPI_Recv(words.data(), count, MPI_UINT64_T, status.MPI_SOURCE, status.MPI_TAG, control_,
+           MPI_STATUS_IGNORE);
+  words.resize(count);
+  if (status.MPI_TAG == kTagCandidates) {
+    Offer(node_of_[status.MPI_SOURCE], words);
+  } else if (status.MPI_TAG == kTagDecision && count == 2) {
+    std::function<void()> wake;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      decisions_.push_back(words[1]);
+      wake = wake_cb_;
+    }
+    if (wake) wake();
+  } else if (status.MPI_TAG == kTagFailure && count >= 1) {
+    std::string text(reinterpret_cast<const char*>(words.data() + 1),
+                     (words.size() - 1) * sizeof(uint64_t));
+    text.resize(std::strlen(text.c_str()));
+    Status failure(static_cast<Code>(words[0]), text);
+    std::function<void(const Status&)> failed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      SetFailure(failure);
+      failed = failed_cb_;
+    }
+    if (failed) failed(failure);
+  }
+  return true;
+}
+
+void MpiLink::Offer(int node, const std::vector<uint64_t>& message) {
+  if (message.empty()) return;
+  applied_by_node_[node] = message[0];
+  offers_[node].assign(message.begin() + 1, message.end());
+  Decide();
+}
+
+void MpiLink::Decide() {
+  // Decisions every node has taken can no longer appear in any offer.
+  const uint64_t taken = *std::min_element(applied_by_node_.begin(), applied_by_node_.end());
+  for (auto it = decided_.begin(); it != decided_.end();) {
+    it = it->second <= taken ? decided_.erase(it) : std::next(it);
+  }
+  for (uint64_t key : offers_[0]) {
+    if (decided_.count(key)) continue;
+    bool everywhere = true;
+    for (int n = 1; n < nodes_ && everywhere; ++n) {
+      everywhere = std::find(offers_[n].begin(), offers_[n].end(), key) != offers_[n].end();
+    }
+    if (!everywhere) continue;
+    decided_[key] = ++decisions_made_;
+    for (int n = 1; n < nodes_; ++n) Send(JobRank(n, 0), kTagDecision, {decisions_made_, key});
+    std::function<void()> wake;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      decisions_.push_back(key);
+      wake = wake_cb_;
+    }
+    if (wake) wake();
+  }
+}
+
+void MpiLink::OfferCandidates(const std::vector<uint64_t>& keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint64_t> message;
+  message.reserve(keys.size() + 1);
+  message.push_back(applied_);
+  message.insert(message.end(), keys.begin(), keys.end());
+  if (message == last_offer_) return;
+  last_offer_ = message;
+  offer_ = std::move(message);
+  offer_pending_ = true;
+  work_cv_.notify_all();
+}
+
+bool MpiLink::NextDecision(uint64_t* key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (decisions_.empty()) return false;
+  *key = decisions_.front();
+  decisions_.pop_front();
+  ++applied_;
+  return true;
+}
+
+void MpiLink::SetFailure(const Status& failure) {
+  if (failure_.ok() && !failure.ok()) failure_ = failure;
+  done_cv_.notify_all();
+}
+
+void MpiLink::SendFailure(const Status& failure) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failure_.ok()) return;  // failed already: the others know
+  SetFailure(failure);
+  failure_to_send_ = failure;
+  work_cv_.notify_all();
+}
+
+void MpiLink::SetCallbacks(std::function<void(const Status&)> failed, std::function<void()> wake,
+                           std::function<Status()> local_failure) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failed_cb_ = std::move(failed);
+  wake_cb_ = std::move(wake);
+  local_failure_cb_ = std::move(local_failure);
+}
+
+Status MpiLink::Run(const std::shared_ptr<Op>& op, const std::string& what, double timeout_s) {
+  std::function<Status()> local_failure;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.ok()) return failure_;
+    queue_.push_back(op);
+    local_failure = local_failure_cb_;
+  }
+  work_cv_.notify_all();
+  const double deadline = MonotonicSeconds() + timeout_s;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_cv_.wait_for(lock, std::chrono::duration<double>(kWaitSliceS),
+                        [&] { return op->done || !failure_.ok(); });
+      if (op->done) {
+        if (op->error == MPI_SUCCESS) return Status::Ok();
+        const Status failed(Code::kAborted, "rank " + std::to_string(rank_) + " (node " +
+                                                std::to_string(node_) + ") lost its link to " +
+                                                "the other nodes in " + what + ": " +
+                                                MpiError(op->error));
+        SetFailure(failed);
+        return failed;
+      }
+      if (!failure_.ok()) return failure_;
+    }
+    if (local_failure) {
+      Status failed = local_failure();
+      if (!failed.ok()) return failed;
+    }
+    if (MonotonicSeconds() >= deadline) {
+      std::string others;
+      for (int n = 0; n < nodes_; ++n) {
+        if (n == node_) continue;
+        others += (others.empty() ? "" : ", ") + std::to_string(JobRank(n, local_rank_));
+      }
+      return Status(Code::kDeadlineExceeded,
+                    "rank " + std::to_string(rank_) + " (node " + std::to_string(node_) +
+                        ") timed out after " + std::to_string(static_cast<int>(timeout_s)) +
+                        "s in " + what + " waiting for rank(s) " + others + " on other nodes");
+    }
+  }
+}
+
+MPI_Datatype MpiType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+    case DType::kUInt16: return MPI_UINT16_T;
+    case DType::kInt32: return MPI_INT32_T;
+    case DType::kInt64: return MPI_INT64_T;
+    case DType::kInt8: return MPI_INT8_T;
+    case DType::kUInt8: return MPI_UINT8_T;
+    case DType::kInt16: return MPI_INT16_T;
+  }
+  return MPI_BYTE;
+}
+
+Status MpiLink::AllReduceSum(DType dtype, void* data, size_t count, double timeout_s) {
+  if (nodes_ == 1 || count == 0) return Status::Ok();
+  if (count > static_cast<size_t>(INT32_MAX)) {
+    return InvalidArgument("a cross-node slice of " + std::to_string(count) +
+                           " elements is too large for one MPI call");
+  }
+  MPI_Op op = dtype == DType::kFloat16    ? sum_half_
+              : dtype == DType::kBFloat16 ? sum_bfloat16_
+                                          : MPI_SUM;
+  const MPI_Datatype type = MpiType(dtype);
+  MPI_Comm comm = cross_;
+  auto run = std::make_shared<Op>();
+  run->start = [=](MPI_Request* request) {
+    return MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), type, op, comm, request);
+  };
+  return Run(run, "the cross-node all-reduce", timeout_s);
+}
+
+Status MpiLink::AllGather(const void* in, size_t bytes, void* out, double timeout_s) {
+  if (nodes_ == 1) {
+    std::memcpy(out, in, bytes);
+    return Status::Ok();
+  }
+  auto run = std::make_shared<Op>();
+  run->buffer.resize(bytes * (nodes_ + 1));
+  std::memcpy(run->buffer.data(), in, bytes);
+  char* base = run->buffer.data();
+  MPI_Comm comm = cross_;
+  const int n = static_cast<int>(bytes);
+  run->start = [=](MPI_Request* request) {
+    return MPI_Iallgather(base, n, MPI_BYTE, base + n, n, MPI_BYTE, comm, request);
+  };
+  SMB_RETURN_IF_ERROR(Run(run, "the cross-node agreement", timeout_s));
+  std::memcpy(out, run->buffer.data() + bytes, bytes * nodes_);
+  return Status::Ok();
+}
+
+Status MpiLink::Broadcast(void* data, size_t bytes, int root, double timeout_s) {
+  if (nodes_ == 1 || bytes == 0) return Status::Ok();
+  if (bytes > static_cast<size_t>(INT32_MAX)) {
+    return InvalidArgument("a cross-node broadcast of " + std::to_string(bytes) +
+                           " bytes is too large for one MPI call");
+  }
+  auto run = std::make_shared<Op>();
+  run->buffer.assign(static_cast<char*>(data), static_cast<char*>(data) + bytes);
+  char* base = run->buffer.data();
+  MPI_Comm comm = cross_;
+  const int n = static_cast<int>(bytes);
+  run->start = [=](MPI_Request* request) {
+    return MPI_Ibcast(base, n, MPI_BYTE, root, comm, request);
+  };
+  SMB_RETURN_IF_ERROR(Run(run, "the cross-node broadcast", timeout_s));
+  std::memcpy(data, run->buffer.data(), bytes);
+  return Status::Ok();
+}
+
+// Links alive in this process, stopped (MPI finalized) at exit.
+std::mutex links_mu;
+std::vector<std::weak_ptr<MpiLink>>& Links() {
+  // Constructed before the atexit handler is registered: destroyed after it runs.
+  static std::vector<std::weak_ptr<MpiLink>> links;
+  return links;
+}
+
+void StopLinksAtExit() {
+  std::vector<std::shared_ptr<MpiLink>> alive;
+  {
+    std::lock_guard<std::mutex> lock(links_mu);
+    for (auto& weak : Links()) {
+      if (auto link = weak.lock()) alive.push_back(link);
+    }
+  }
+  for (auto& link : alive) link->Stop();
+}
+
+}  // namespace
+
+bool MpiLinkAvailable() { return true; }
+
+Status StartMpiLink(const MpiLinkOptions& options, std::shared_ptr<NodeLink>* out) {
+  auto link = std::make_shared<MpiLink>();
+  Status started = link->Begin(options);
+  if (!started.ok()) return started;
+  {
+    std::lock_guard<std::mutex> lock(links_mu);
+    if (Links().empty()) std::atexit(StopLinksAtExit);
+    Links().push_back(link);
+  }
+  *out = std::move(link);
+  return Status::Ok();
+}
+
+}  // namespace smb
+
+#endif  // TF_SMB_WITH_MPI
