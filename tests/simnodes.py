@@ -155,6 +155,7 @@ class SimulatedNodes:
         for tool in TOOLS:
             if not shutil.which(tool):
                 raise NodesUnavailable(f"`{tool}` is not installed (needed for simulated nodes)")
+        reap_stale()
         self.dir = tempfile.mkdtemp(prefix=f"simnodes-{os.getpid()}-")
         for ns in self.netns:
             _setup_cmd(["ip", "netns", "add", ns])
@@ -302,6 +303,33 @@ class SimulatedNodes:
                extra_mca: Sequence[Tuple[str, str]] = ()) -> Launch:
         """Runs mpirun across the nodes and waits up to `timeout` s."""
         return self.start_mpirun(np_, per_node, argv, env, extra_mca).wait(timeout)
+
+
+def reap_stale() -> List[str]:
+    """Deletes simulated nodes left by test processes that no longer exist (killed
+    before their teardown ran): their processes, namespaces and temporary folders."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                            timeout=30).stdout
+    reaped = []
+    for ns, pid in re.findall(r"^(smbsim(\d+)[a-z]n\d+)\b", listed, re.M):
+        if os.path.exists(f"/proc/{pid}"):
+            continue
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                              timeout=30).stdout.split()
+        for p in pids:
+            try:
+                os.kill(int(p), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
+        reaped.append(ns)
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        m = re.match(r"simnodes-(\d+)-", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+            reaped.append(name)
+    return reaped
 
 
 def run_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], timeout: float,

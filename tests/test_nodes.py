@@ -141,30 +141,39 @@ def _kill_node1_midrun(nodes, argv, result_dir, env=None, start_timeout=300):
     result_dir/started<rank>.json ({"pid", "host"}), SIGKILLs node 1's ranks.
     Returns (Launch, seconds from the kill to mpirun's end, the started files)."""
     running = nodes.start_mpirun(4, 2, [*argv, "--result_dir", result_dir], env=env)
-    deadline = time.monotonic() + start_timeout
+    try:
+        started = _wait_started(running, result_dir, start_timeout)
+        assert [started[r]["host"] for r in range(4)] == [nodes.hostnames[0]] * 2 + [
+            nodes.hostnames[1]] * 2, started
+        for rank in (2, 3):
+            os.kill(started[rank]["pid"], signal.SIGKILL)
+    except BaseException:
+        nodes.kill_processes()  # nothing of this job may run on into the next test
+        running.proc.wait(timeout=30)
+        raise
+    killed = time.monotonic()
+    launch = running.wait(timeout=60)  # NodesTimeout: the job outlived its node
+    return launch, time.monotonic() - killed, started
+
+
+def _wait_started(running, result_dir, timeout):
+    """The started<rank>.json of all 4 ranks, by rank, once all exist."""
+    deadline = time.monotonic() + timeout
     started = {}
     while len(started) < 4:
-        if running.proc.poll() is not None or time.monotonic() > deadline:
-            try:
-                launch = running.wait(timeout=1)
-            except NodesTimeout as e:
-                raise AssertionError(f"ranks {sorted(set(range(4)) - set(started))} did not "
-                                     f"start within {start_timeout}s: {e}") from None
-            raise AssertionError("mpirun ended before every rank started:\n" + describe_failure(
-                launch, sorted(set(range(4)) - set(started))))
-        for rank in set(range(4)) - set(started):
+        missing = sorted(set(range(4)) - set(started))
+        if running.proc.poll() is not None:
+            raise AssertionError("mpirun ended before every rank started:\n"
+                                 + describe_failure(running.wait(timeout=10), missing))
+        if time.monotonic() > deadline:
+            raise AssertionError(f"ranks {missing} did not start within {timeout}s")
+        for rank in missing:
             path = os.path.join(result_dir, f"started{rank}.json")
             if os.path.exists(path):
                 with open(path) as f:
                     started[rank] = json.load(f)
         time.sleep(0.2)
-    assert [started[r]["host"] for r in range(4)] == [nodes.hostnames[0]] * 2 + [
-        nodes.hostnames[1]] * 2, started
-    for rank in (2, 3):
-        os.kill(started[rank]["pid"], signal.SIGKILL)
-    killed = time.monotonic()
-    launch = running.wait(timeout=60)  # NodesTimeout: the job outlived its node
-    return launch, time.monotonic() - killed, started
+    return started
 
 
 SPIN = r"""
@@ -324,7 +333,7 @@ def test_killed_node_ends_the_job_promptly(nodes, tmp_path):
     output = launch.untagged_output()
     assert launch.returncode != 0, describe_failure(launch, [0, 1])
     assert re.search(r"rank [23]\b", output), describe_failure(launch, [0, 1])
-    assert seconds < 60
+    assert seconds < 60, f"mpirun took {seconds:.0f}s after the kill"
     leftovers = [l for l in launch.leftovers
                  if int(l.split()[0]) in (started[0]["pid"], started[1]["pid"])]
     assert not leftovers, f"node 0's workers outlived mpirun: {leftovers}"
