@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,12 @@
 #include "cc/smb/status.h"
 
 namespace smb {
+
+// An operation of the link in flight (see NodeLink::StartAllReduceSum).
+class LinkOp {
+ public:
+  virtual ~LinkOp() = default;
+};
 
 class NodeLink {
  public:
@@ -44,6 +51,12 @@ class NodeLink {
   // data = sum over nodes of data, `count` elements of `dtype`, in place;
   // every node gets the same bits.
   virtual Status AllReduceSum(DType dtype, void* data, size_t count, double timeout_s) = 0;
+  // The same, started now and finished by Wait(): several may be in flight
+  // (they start in call order), so the next slice's node-local work overlaps
+  // this one's network transfer. `data` must stay valid until Wait returns.
+  virtual Status StartAllReduceSum(DType dtype, void* data, size_t count,
+                                   std::shared_ptr<LinkOp>* op) = 0;
+  virtual Status Wait(const std::shared_ptr<LinkOp>& op, double timeout_s) = 0;
   // out[n * bytes, (n + 1) * bytes) = node n's `in`.
   virtual Status AllGather(const void* in, size_t bytes, void* out, double timeout_s) = 0;
   // data = node `root`'s data.

@@ -12,6 +12,10 @@ namespace {
 
 size_t AlignTo64(size_t n) { return (n + 63) / 64 * 64; }
 
+// Across nodes, a rank's slice of a chunk goes over the network in pieces of
+// this size, so summing the next piece on the node overlaps the transfer.
+constexpr size_t kLinkSliceBytes = size_t{128} << 10;
+
 // dst (and copy, if not null) = srcs[0] + srcs[1] + ... in rank order, n
 // elements. Sums a small block at a time in a local buffer, so dst may be
 // any of the sources and the block stays in L1.
@@ -81,7 +85,37 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
         GatherBytes(pieces, offset + my_hi, len - my_hi, mine + my_hi);
       }
       SMB_RETURN_IF_ERROR(group.Sync("allreduce (staging)"));
-      {
+      if (link != nullptr) {
+        // Across nodes: my slice in pieces of kLinkSliceBytes, each summed on
+        // this node into my staging and then sent across while the next
+        // piece is summed here.
+        std::vector<std::shared_ptr<LinkOp>> in_flight;
+        const size_t step = std::max(elem, kLinkSliceBytes / elem * elem);
+        for (size_t from = my_lo; from < my_hi; from += step) {
+          const size_t to = std::min(my_hi, from + step);
+          {
+            timeline::Scope phase(rank, timeline::kCollectives, "reduce");
+            ForRange(pieces, offset + from, to - from,
+                     [&](const Piece& p, size_t at, size_t pos, size_t bytes) {
+                       for (int q = 0; q < world; ++q) {
+                         sources[q] =
+                             q == rank ? p.in + at : peers->staging(buffer, q) + from + pos;
+                       }
+                       SumRanks(dtype, sources, mine + from + pos, nullptr, bytes / elem);
+                     });
+          }
+          in_flight.emplace_back();
+          SMB_RETURN_IF_ERROR(link->StartAllReduceSum(dtype, mine + from, (to - from) / elem,
+                                                      &in_flight.back()));
+        }
+        {
+          timeline::Scope phase(rank, timeline::kCollectives, "across nodes");
+          for (const auto& op : in_flight) SMB_RETURN_IF_ERROR(link->Wait(op, group.timeout_s()));
+        }
+        // My outputs get the job's sums; the node's other ranks copy them
+        // from my staging below.
+        ScatterBytes(mine + my_lo, offset + my_lo, my_hi - my_lo, pieces);
+      } else {
         timeline::Scope phase(rank, timeline::kCollectives, "reduce");
         ForRange(pieces, offset + my_lo, my_hi - my_lo,
                  [&](const Piece& p, size_t at, size_t pos, size_t bytes) {
@@ -89,23 +123,10 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
                      sources[q] =
                          q == rank ? p.in + at : peers->staging(buffer, q) + my_lo + pos;
                    }
-                   // Copied out, the others take this slice from my staging;
-                   // across nodes it is summed there first.
-                   if (link != nullptr) {
-                     SumRanks(dtype, sources, mine + my_lo + pos, nullptr, bytes / elem);
-                   } else {
-                     SumRanks(dtype, sources, p.out + at,
-                              shared_out ? nullptr : mine + my_lo + pos, bytes / elem);
-                   }
+                   // Copied out, the others take this slice from my staging.
+                   SumRanks(dtype, sources, p.out + at,
+                            shared_out ? nullptr : mine + my_lo + pos, bytes / elem);
                  });
-      }
-      if (link != nullptr) {
-        {
-          timeline::Scope phase(rank, timeline::kCollectives, "across nodes");
-          SMB_RETURN_IF_ERROR(link->AllReduceSum(dtype, mine + my_lo, (my_hi - my_lo) / elem,
-                                                 group.timeout_s()));
-        }
-        ScatterBytes(mine + my_lo, offset + my_lo, my_hi - my_lo, pieces);
       }
       if (shared_out) continue;
       SMB_RETURN_IF_ERROR(group.Sync("allreduce (reduction)"));

@@ -60,7 +60,7 @@ void SumBFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 
 // One MPI operation a caller waits for, started and completed on the thread.
-struct Op {
+struct Op : LinkOp {
   std::function<int(MPI_Request*)> start;
   MPI_Request request = MPI_REQUEST_NULL;
   bool done = false;
@@ -87,6 +87,9 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   }
 
   Status AllReduceSum(DType dtype, void* data, size_t count, double timeout_s) override;
+  Status StartAllReduceSum(DType dtype, void* data, size_t count,
+                           std::shared_ptr<LinkOp>* op) override;
+  Status Wait(const std::shared_ptr<LinkOp>& op, double timeout_s) override;
   Status AllGather(const void* in, size_t bytes, void* out, double timeout_s) override;
   Status Broadcast(void* data, size_t bytes, int root, double timeout_s) override;
   void OfferCandidates(const std::vector<uint64_t>& keys) override;
@@ -105,6 +108,8 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   static void Loop(std::shared_ptr<MpiLink> self, MpiLinkOptions options);
   void Work(const MpiLinkOptions& options);
   Status Run(const std::shared_ptr<Op>& op, const std::string& what, double timeout_s);
+  Status Enqueue(const std::shared_ptr<Op>& op);
+  Status Await(const Op& op, const std::string& what, double timeout_s);
   void SetFailure(const Status& failure);  // mu_ held
   // On the thread:
   bool Receive();
@@ -496,26 +501,38 @@ void MpiLink::SetCallbacks(std::function<void(const Status&)> failed, std::funct
 }
 
 Status MpiLink::Run(const std::shared_ptr<Op>& op, const std::string& what, double timeout_s) {
-  std::function<Status()> local_failure;
+  SMB_RETURN_IF_ERROR(Enqueue(op));
+  return Await(*op, what, timeout_s);
+}
+
+Status MpiLink::Enqueue(const std::shared_ptr<Op>& op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.ok()) return failure_;
     queue_.push_back(op);
-    local_failure = local_failure_cb_;
   }
   work_cv_.notify_all();
+  return Status::Ok();
+}
+
+Status MpiLink::Await(const Op& op, const std::string& what, double timeout_s) {
+  std::function<Status()> local_failure;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    local_failure = local_failure_cb_;
+  }
   const double deadline = MonotonicSeconds() + timeout_s;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       done_cv_.wait_for(lock, std::chrono::duration<double>(kWaitSliceS),
-                        [&] { return op->done || !failure_.ok(); });
-      if (op->done) {
-        if (op->error == MPI_SUCCESS) return Status::Ok();
+                        [&] { return op.done || !failure_.ok(); });
+      if (op.done) {
+        if (op.error == MPI_SUCCESS) return Status::Ok();
         const Status failed(Code::kAborted, "rank " + std::to_string(rank_) + " (node " +
                                                 std::to_string(node_) + ") lost its link to " +
                                                 "the other nodes in " + what + ": " +
-                                                MpiError(op->error));
+                                                MpiError(op.error));
         SetFailure(failed);
         return failed;
       }
@@ -556,6 +573,19 @@ MPI_Datatype MpiType(DType dtype) {
 }
 
 Status MpiLink::AllReduceSum(DType dtype, void* data, size_t count, double timeout_s) {
+  std::shared_ptr<LinkOp> op;
+  SMB_RETURN_IF_ERROR(StartAllReduceSum(dtype, data, count, &op));
+  return Wait(op, timeout_s);
+}
+
+Status MpiLink::Wait(const std::shared_ptr<LinkOp>& op, double timeout_s) {
+  if (op == nullptr) return Status::Ok();  // nothing was started
+  return Await(static_cast<const Op&>(*op), "the cross-node all-reduce", timeout_s);
+}
+
+Status MpiLink::StartAllReduceSum(DType dtype, void* data, size_t count,
+                                  std::shared_ptr<LinkOp>* started) {
+  started->reset();
   if (nodes_ == 1 || count == 0) return Status::Ok();
   if (count > static_cast<size_t>(INT32_MAX)) {
     return InvalidArgument("a cross-node slice of " + std::to_string(count) +
@@ -570,7 +600,9 @@ Status MpiLink::AllReduceSum(DType dtype, void* data, size_t count, double timeo
   run->start = [=](MPI_Request* request) {
     return MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), type, op, comm, request);
   };
-  return Run(run, "the cross-node all-reduce", timeout_s);
+  SMB_RETURN_IF_ERROR(Enqueue(run));
+  *started = std::move(run);
+  return Status::Ok();
 }
 
 Status MpiLink::AllGather(const void* in, size_t bytes, void* out, double timeout_s) {
