@@ -152,6 +152,26 @@ def scenario_mismatch(strategy, a):
     return out
 
 
+def scenario_mismatch_halves(strategy, a):
+    """The first half of the ranks (node 0 of two) calls float32[3], the other
+    half float32[4]: only ranks on different nodes disagree."""
+    n = 3 + 2 * tf_smb.rank() // tf_smb.size()
+    out = {}
+    try:
+        tf_smb.allreduce([tf.ones([n])])
+        out["shape_error"] = None
+    except tf.errors.InvalidArgumentError as e:
+        out["shape_error"] = e.message
+    start = time.monotonic()
+    try:
+        tf_smb.allreduce([tf.ones([2])])
+        out["later_error"] = None
+    except tf.errors.InvalidArgumentError as e:
+        out["later_error"] = e.message
+    out["later_seconds"] = time.monotonic() - start
+    return out
+
+
 def scenario_mismatch_dtype(strategy, a):
     """Ranks disagree on a dtype inside a tf.function."""
     dtype = tf.float32 if tf_smb.rank() == 0 else tf.float64

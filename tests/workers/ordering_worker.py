@@ -135,11 +135,16 @@ def main():
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--batch", type=int, default=8, help="per-worker batch")
+    p.add_argument("--result_dir", default=None,
+                   help="also write the result to RESULT_DIR/rank<r>.json")
     a = p.parse_args()
     result = {"stress": scenario_stress, "keras": scenario_keras}[a.scenario](a)
     from tf_smb import env  # pylint: disable=import-outside-toplevel
     result["rank"] = env.detect().rank
     print(json.dumps(result), flush=True)
+    if a.result_dir:
+        with open(os.path.join(a.result_dir, f"rank{result['rank']}.json"), "w") as f:
+            json.dump(result, f)
 
 
 if __name__ == "__main__":

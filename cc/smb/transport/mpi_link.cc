@@ -43,6 +43,7 @@ constexpr int kTagDecision = 12;    // node 0's leader -> leaders: [seq, key]
 constexpr int kTagFailure = 13;     // anyone -> everyone: [code, message]
 
 constexpr double kWaitSliceS = 0.02;  // how often waiters look at the job's failure
+constexpr double kFailedFinalizeWaitS = 10;  // exit's wait for MPI_Finalize after a failure
 
 std::string MpiError(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -344,9 +345,9 @@ void MpiLink::Work(const MpiLinkOptions& options) {
       return !queue_.empty() || offer_pending_ || stop_ || !failure_to_send_.ok();
     });
   }
-  // Every rank finalizes, unless the job failed (then peers may never come
-  // and mpirun ends the job anyway).
-  if (Failure().ok()) {
+  // Every rank finalizes (else mpirun calls the job failed), unless an
+  // operation is stuck on a peer that may never come (the job failed).
+  if (active_.empty()) {
     MPI_Op_free(&sum_half_);
     MPI_Op_free(&sum_bfloat16_);
     MPI_Comm_free(&cross_);
@@ -367,9 +368,10 @@ void MpiLink::Stop() {
   }
   stop_ = true;
   work_cv_.notify_all();
-  // Never hang the exit on peers that are gone: after the wait, leave the
-  // thread (which keeps the link alive) to the OS.
-  if (done_cv_.wait_for(lock, std::chrono::duration<double>(finalize_wait_s_),
+  // Never hang the exit on peers that are gone: after the wait (short when
+  // the job failed), leave the thread (which keeps the link alive) to the OS.
+  const double wait_s = failure_.ok() ? finalize_wait_s_ : kFailedFinalizeWaitS;
+  if (done_cv_.wait_for(lock, std::chrono::duration<double>(wait_s),
                         [&] { return finished_; })) {
     lock.unlock();
     thread_.join();
