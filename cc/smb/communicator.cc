@@ -77,14 +77,16 @@ Status Communicator::OpenAcrossNodes(const Options& options, std::unique_ptr<Com
 std::unique_ptr<Communicator> Communicator::Create(std::shared_ptr<Peers> peers,
                                                    double timeout_s,
                                                    std::shared_ptr<NodeLink> link) {
+  // A rank alone on one node needs no peers (every call succeeds at once); a
+  // rank alone on its node but linked to others keeps them (the link's
+  // callbacks and decisions go through its control words).
+  if (peers && peers->world() == 1 && link == nullptr) peers = nullptr;
   return std::make_unique<Communicator>(Token(), std::move(peers), std::move(link), timeout_s);
 }
 
 Communicator::Communicator(Token, std::shared_ptr<Peers> peers, std::shared_ptr<NodeLink> link,
                            double timeout_s)
-    : group_(peers && (peers->world() > 1 || link) ? std::move(peers) : nullptr, timeout_s,
-             std::move(link)),
-      clock_(&group_) {}
+    : group_(std::move(peers), timeout_s, std::move(link)), clock_(&group_) {}
 
 Status Communicator::AllReduceSum(const std::vector<TensorRef>& tensors) {
   return smb::AllReduceSum(group_, tensors);
