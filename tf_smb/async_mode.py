@@ -300,3 +300,7 @@ class AsyncEngine:
         smb_ops.clock_finish(True)
         smb_ops.wait_all_finished()
         self.refresh()
+        if self._job.spans_nodes:
+            # Across nodes a rank serves the segments homed on its node: none
+            # goes on before every rank has read the final values.
+            self._collectives.barrier()

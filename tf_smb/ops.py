@@ -207,6 +207,13 @@ def segment_read(name: str, dtype: tf.DType, shape: Sequence[int],
                                      consistent=consistent)
 
 
+def segment_home(name: str) -> int:
+    """The node whose box holds segment `name`: 0 on one node. Across nodes each
+    segment goes, in creation order, to the node holding the fewest segment bytes
+    so far (ties: the lowest node); -1 when this process did not create it."""
+    return int(_library().smb_segment_home(segment=name))
+
+
 def segment_push(delta: tf.Tensor, name: str) -> None:
     """segment += delta in the box, atomically per segment."""
     _library().smb_segment_push(delta, segment=name)

@@ -126,13 +126,6 @@ class SMBStrategy(DataParallelStrategy):
             raise ValueError("staleness, update, momentum and consistency apply to "
                              "mode='async' only")
         job = job or env_lib.detect()
-        if mode == "async" and job.spans_nodes:
-            # Parameters served to other nodes (a memory-server thread per node)
-            # are not built yet; sync mode works across nodes.
-            raise NotImplementedError(
-                "mode='async' runs on one node only for now: this job's "
-                f"{job.size} workers span several nodes. Use mode='sync' across nodes, "
-                "or start all workers on one node")
         if job.size > 1:
             job = smb_ops.init(job, timeout_s=timeout_s, staging_bytes=staging_bytes)
         self._mode = mode

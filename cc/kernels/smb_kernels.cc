@@ -138,57 +138,14 @@ class SmbContext {
     return absl::OkStatus();
   }
 
-  // Creates or attaches the box segment `name` and remembers it.
-  absl::Status CreateSegment(const std::string& name, smb::DType dtype,
-                             const std::vector<int64_t>& shape,
-                             smb::Segment* out) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (comm_ == nullptr || comm_->box() == nullptr) {
+  // The job's segments (the asynchronous mode), shared like the Communicator.
+  absl::Status Segments(std::shared_ptr<smb::Communicator>* comm, smb::SegmentTable** out) {
+    TF_RETURN_IF_ERROR(Shared(comm));
+    if ((*comm)->segments() == nullptr) {
       return absl::FailedPreconditionError(
-          "box segments need a job of 2 or more workers joined with "
-          "tf_smb.init()");
+          "box segments need a job of 2 or more workers joined with tf_smb.init()");
     }
-    uint64_t key = 0;
-    absl::Status s = ToTfStatus(comm_->box()->CreateSegment(name, dtype, shape, &key));
-    if (s.ok()) s = ToTfStatus(comm_->box()->AttachSegment(key, dtype, shape, out));
-    if (s.ok()) segments_[name] = *out;
-    return s;
-  }
-
-  // The updater of segment `name` for `options` (made once: it may own state
-  // in the box, e.g. the momentum's velocity).
-  absl::Status FindUpdater(const std::string& name, const smb::Segment& segment,
-                           const smb::UpdateOptions& options, smb::Updater** out) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const std::string key = name + "|" + std::to_string(static_cast<int>(options.rule)) + "|" +
-                            std::to_string(options.momentum);
-    auto it = updaters_.find(key);
-    if (it == updaters_.end()) {
-      std::unique_ptr<smb::Updater> updater;
-      TF_RETURN_IF_ERROR(ToTfStatus(smb::MakeUpdater(comm_->box(), name, segment, options, &updater)));
-      it = updaters_.emplace(key, std::move(updater)).first;
-    }
-    *out = it->second.get();
-    return absl::OkStatus();
-  }
-
-  // The segment `name`, checked against the dtype and shape the caller holds.
-  absl::Status FindSegment(const std::string& name, smb::DType dtype,
-                           const std::vector<int64_t>& shape, smb::Segment* out) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = segments_.find(name);
-    if (it == segments_.end()) {
-      return absl::NotFoundError("no box segment '" + name +
-                                 "' in this process; create it first");
-    }
-    const smb::Segment& seg = it->second;
-    if (seg.dtype != dtype || seg.shape != shape) {
-      return absl::InvalidArgumentError(
-          "box segment '" + name + "' holds " + smb::DTypeName(seg.dtype) +
-          smb::ShapeString(seg.shape) + ", got " + smb::DTypeName(dtype) +
-          smb::ShapeString(shape));
-    }
-    *out = seg;
+    *out = (*comm)->segments();
     return absl::OkStatus();
   }
 
@@ -205,8 +162,6 @@ class SmbContext {
   std::shared_ptr<smb::Communicator> comm_;
   std::unique_ptr<smb::CollectiveScheduler> scheduler_;
   std::string job_id_;
-  std::unordered_map<std::string, smb::Segment> segments_;
-  std::unordered_map<std::string, std::unique_ptr<smb::Updater>> updaters_;
 };
 
 // Runs `wait` (a blocking wait on the other ranks that is not a collective)
@@ -450,11 +405,12 @@ class SmbSegmentCreateOp : public OpKernel {
     smb::DType dtype;
     std::vector<int64_t> shape;
     OP_REQUIRES_OK(c, DescribeTensor(value, &dtype, &shape));
-    smb::Segment seg;
-    OP_REQUIRES_OK(c, SmbContext::Get().CreateSegment(name_, dtype, shape, &seg));
-    if (write_) {
-      OP_REQUIRES_OK(c, ToTfStatus(smb::AssignSegment(seg, value.tensor_data().data())));
-    }
+    std::shared_ptr<smb::Communicator> comm;
+    smb::SegmentTable* segments = nullptr;
+    OP_REQUIRES_OK(c, SmbContext::Get().Segments(&comm, &segments));
+    OP_REQUIRES_OK(c, ToTfStatus(segments->Create(
+                          name_, dtype, shape, write_ ? value.tensor_data().data() : nullptr,
+                          comm->timeout_s())));
   }
 
  private:
@@ -478,15 +434,17 @@ class SmbSegmentReadOp : public OpKernel {
                 absl::InvalidArgumentError("unsupported dtype"));
     const auto dims = shape_.dim_sizes();
     std::vector<int64_t> shape(dims.begin(), dims.end());
-    smb::Segment seg;
-    OP_REQUIRES_OK(c, SmbContext::Get().FindSegment(name_, dtype, shape, &seg));
+    std::shared_ptr<smb::Communicator> comm;
+    smb::SegmentTable* segments = nullptr;
+    OP_REQUIRES_OK(c, SmbContext::Get().Segments(&comm, &segments));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, shape_, &out));
     smb::timeline::Scope scope(smb::timeline::kThisProcess, smb::timeline::kSegments,
                                "segment read", "segment");
     if (scope.active()) scope.set_name("segment read " + name_);
-    OP_REQUIRES_OK(c, ToTfStatus(smb::ReadSegment(
-                          seg, const_cast<char*>(out->tensor_data().data()), mode_)));
+    OP_REQUIRES_OK(c, ToTfStatus(segments->Read(name_, dtype, shape, mode_,
+                                                const_cast<char*>(out->tensor_data().data()),
+                                                comm->timeout_s())));
   }
 
  private:
@@ -504,12 +462,31 @@ absl::Status PushUpdate(OpKernelContext* c, const std::string& name,
   smb::DType dtype;
   std::vector<int64_t> shape;
   TF_RETURN_IF_ERROR(DescribeTensor(update, &dtype, &shape));
-  smb::Segment seg;
-  TF_RETURN_IF_ERROR(SmbContext::Get().FindSegment(name, dtype, shape, &seg));
-  smb::Updater* updater = nullptr;
-  TF_RETURN_IF_ERROR(SmbContext::Get().FindUpdater(name, seg, options, &updater));
-  return ToTfStatus(updater->Apply(seg, update.tensor_data().data(), learning_rate));
+  std::shared_ptr<smb::Communicator> comm;
+  smb::SegmentTable* segments = nullptr;
+  TF_RETURN_IF_ERROR(SmbContext::Get().Segments(&comm, &segments));
+  return ToTfStatus(segments->Update(name, dtype, shape, options, update.tensor_data().data(),
+                                     learning_rate, comm->timeout_s()));
 }
+
+// The node whose box holds segment `name` (0 on one node; -1: not created here).
+class SmbSegmentHomeOp : public OpKernel {
+ public:
+  explicit SmbSegmentHomeOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
+  }
+  void Compute(OpKernelContext* c) override {
+    std::shared_ptr<smb::Communicator> comm;
+    smb::SegmentTable* segments = nullptr;
+    OP_REQUIRES_OK(c, SmbContext::Get().Segments(&comm, &segments));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int32>()() = segments->Home(name_);
+  }
+
+ private:
+  std::string name_;
+};
 
 class SmbSegmentPushOp : public OpKernel {
  public:
@@ -659,6 +636,7 @@ REGISTER_KERNEL_BUILDER(Name("SmbSegmentApplySgd").Device(DEVICE_CPU), SmbSegmen
 REGISTER_KERNEL_BUILDER(Name("SmbClockTick").Device(DEVICE_CPU), SmbClockTickOp);
 REGISTER_KERNEL_BUILDER(Name("SmbClockFinish").Device(DEVICE_CPU), SmbClockFinishOp);
 REGISTER_KERNEL_BUILDER(Name("SmbWaitAllFinished").Device(DEVICE_CPU), SmbWaitAllFinishedOp);
+REGISTER_KERNEL_BUILDER(Name("SmbSegmentHome").Device(DEVICE_CPU), SmbSegmentHomeOp);
 
 REGISTER_KERNEL_BUILDER(Name("SmbInit").Device(DEVICE_CPU), SmbInitOp);
 REGISTER_KERNEL_BUILDER(Name("SmbAllReduce").Device(DEVICE_CPU), SmbAllReduceOp);

@@ -94,6 +94,17 @@ Reads segment `segment`. `consistent` (seqlock) never returns a half-written
 tensor; false reads without waiting for writers (hogwild).
 )doc");
 
+REGISTER_OP("SmbSegmentHome")
+    .Output("node: int32")
+    .Attr("segment: string")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc(R"doc(
+The node whose box holds segment `segment`: 0 on one node; across nodes each
+segment goes, in creation order, to the node holding the fewest segment bytes
+(ties: the lowest node). -1 when this process did not create it.
+)doc");
+
 REGISTER_OP("SmbSegmentPush")
     .Input("delta: T")
     .Attr("T: {float, double, half, bfloat16, int32, int64}")

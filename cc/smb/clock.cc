@@ -10,18 +10,26 @@ namespace smb {
 Status StepClock::Tick(int64_t staleness, int64_t* lead) {
   *lead = 0;
   const int world = group_->world();
-  if (world == 1) return Status::Ok();
+  if (group_->alone()) return Status::Ok();
   const int me = group_->rank();
   timeline::Scope scope(me, timeline::kClock, "clock tick wait", "clock");
   RankControl* ranks = group_->peers()->control()->ranks;
   const uint64_t mine = ranks[me].clock.fetch_add(1) + 1;
   group_->Poke();
-  // Slowest clock among ranks still training (mine: none left).
+  NodeLink* link = group_->link();
+  if (link != nullptr) link->PublishClock(mine, false);
+  // Slowest clock among ranks still training (mine: none left), on this
+  // node and, across nodes, as last heard from the others.
   auto slowest = [&]() -> uint64_t {
     uint64_t low = mine;
     for (int r = 0; r < world; ++r) {
       if (r == me || ranks[r].finished.load() || group_->RankGone(r)) continue;
       low = std::min<uint64_t>(low, ranks[r].clock.load(std::memory_order_acquire));
+    }
+    if (link != nullptr) {
+      for (const RemoteClock& c : link->RemoteClocks()) {
+        if (!c.finished) low = std::min<uint64_t>(low, c.steps);
+      }
     }
     return low;
   };
@@ -33,7 +41,14 @@ Status StepClock::Tick(int64_t staleness, int64_t* lead) {
           std::string slow;
           for (int r = 0; r < world; ++r) {
             if (r != me && mine - ranks[r].clock.load() > static_cast<uint64_t>(staleness)) {
-              slow += (slow.empty() ? "" : ", ") + std::to_string(r);
+              slow += (slow.empty() ? "" : ", ") + std::to_string(group_->JobRankOf(r));
+            }
+          }
+          if (link != nullptr) {
+            for (const RemoteClock& c : link->RemoteClocks()) {
+              if (!c.finished && mine - c.steps > static_cast<uint64_t>(staleness)) {
+                slow += (slow.empty() ? "" : ", ") + std::to_string(c.rank);
+              }
             }
           }
           return slow;
@@ -45,26 +60,36 @@ Status StepClock::Tick(int64_t staleness, int64_t* lead) {
 }
 
 void StepClock::Finish() {
-  if (group_->world() == 1) return;
-  group_->peers()->control()->ranks[group_->rank()].finished.store(1, std::memory_order_release);
+  if (group_->alone()) return;
+  RankControl& mine = group_->peers()->control()->ranks[group_->rank()];
+  mine.finished.store(1, std::memory_order_release);
   group_->Poke();
+  if (group_->link() != nullptr) group_->link()->PublishClock(mine.clock.load(), true);
 }
 
 void StepClock::Resume() {
-  if (group_->world() == 1) return;
-  group_->peers()->control()->ranks[group_->rank()].finished.store(0, std::memory_order_release);
+  if (group_->alone()) return;
+  RankControl& mine = group_->peers()->control()->ranks[group_->rank()];
+  mine.finished.store(0, std::memory_order_release);
+  if (group_->link() != nullptr) group_->link()->PublishClock(mine.clock.load(), false);
 }
 
 Status StepClock::WaitAllFinished() {
   const int world = group_->world();
-  if (world == 1) return Status::Ok();
+  if (group_->alone()) return Status::Ok();
   timeline::Scope scope(group_->rank(), timeline::kClock, "wait all finished", "clock");
   RankControl* ranks = group_->peers()->control()->ranks;
+  NodeLink* link = group_->link();
   auto unfinished = [&] {
     std::string list;
     for (int r = 0; r < world; ++r) {
       if (!ranks[r].finished.load() && !group_->RankGone(r)) {
-        list += (list.empty() ? "" : ", ") + std::to_string(r);
+        list += (list.empty() ? "" : ", ") + std::to_string(group_->JobRankOf(r));
+      }
+    }
+    if (link != nullptr) {
+      for (const RemoteClock& c : link->RemoteClocks()) {
+        if (!c.finished) list += (list.empty() ? "" : ", ") + std::to_string(c.rank);
       }
     }
     return list;
@@ -74,7 +99,7 @@ Status StepClock::WaitAllFinished() {
 }
 
 uint64_t StepClock::Steps(int rank) const {
-  if (group_->world() == 1) return 0;
+  if (group_->alone()) return 0;
   return group_->peers()->control()->ranks[rank].clock.load();
 }
 

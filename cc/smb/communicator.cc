@@ -86,7 +86,23 @@ std::unique_ptr<Communicator> Communicator::Create(std::shared_ptr<Peers> peers,
 
 Communicator::Communicator(Token, std::shared_ptr<Peers> peers, std::shared_ptr<NodeLink> link,
                            double timeout_s)
-    : group_(std::move(peers), timeout_s, std::move(link)), clock_(&group_) {}
+    : group_(std::move(peers), timeout_s, std::move(link)), clock_(&group_) {
+  Peers* p = group_.peers();
+  if (p == nullptr || p->box() == nullptr) return;
+  segments_ = std::make_shared<SegmentTable>(group_.shared_peers(), group_.link());
+  if (NodeLink* l = group_.link()) {
+    // This rank serves its counterparts on other nodes the segments homed here.
+    std::shared_ptr<SegmentTable> table = segments_;
+    l->SetSegmentServer([table](const SegmentRequest& request, const void* payload,
+                                size_t bytes, std::vector<char>* reply) {
+      return table->Serve(request, payload, bytes, reply);
+    });
+  }
+}
+
+Communicator::~Communicator() {
+  if (NodeLink* l = group_.link()) l->SetSegmentServer(nullptr);
+}
 
 Status Communicator::AllReduceSum(const std::vector<TensorRef>& tensors) {
   return smb::AllReduceSum(group_, tensors);

@@ -28,6 +28,7 @@
 #include "cc/smb/clock.h"
 #include "cc/smb/defaults.h"
 #include "cc/smb/group.h"
+#include "cc/smb/segment/segment_table.h"
 #include "cc/smb/status.h"
 #include "cc/smb/tensor.h"
 
@@ -65,6 +66,9 @@ class Communicator {
   };
   Communicator(Token, std::shared_ptr<Peers> peers, std::shared_ptr<NodeLink> link,
                double timeout_s);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
 
   // out = sum over ranks of in, for every tensor (any mix of dtypes).
   Status AllReduceSum(const std::vector<TensorRef>& tensors);
@@ -84,6 +88,11 @@ class Communicator {
   // The node's box (segments for the asynchronous mode); null for world 1
   // and for transports without one.
   bool across_nodes() const { return group_.link() != nullptr; }
+  // The asynchronous mode's segments (null without a box): in this node's
+  // box, or across nodes on their home node's.
+  SegmentTable* segments() const { return segments_.get(); }
+  // The timeout of every wait.
+  double timeout_s() const { return group_.timeout_s(); }
   Box* box() const { return group_.peers() ? group_.peers()->box() : nullptr; }
   void set_timeout(double seconds) { group_.set_timeout(seconds); }
 
@@ -92,6 +101,7 @@ class Communicator {
 
   Group group_;
   StepClock clock_;
+  std::shared_ptr<SegmentTable> segments_;  // shared with the link's memory server
 };
 
 }  // namespace smb

@@ -211,7 +211,7 @@ int Group::GoneRank() const {
 
 Status Group::WaitUntil(const std::string& what, const std::function<bool()>& done,
                         const std::function<std::string()>& lagging) {
-  if (world_ == 1) return Status::Ok();
+  if (alone()) return Status::Ok();
   GroupControl* g = control();
   const double timeout = timeout_s();
   const double deadline = MonotonicSeconds() + timeout;

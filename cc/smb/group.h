@@ -45,6 +45,8 @@ class Group {
   int job_world() const { return link_ ? link_->job_world() : world_; }
   // A group of one rank on one node: collectives are copies.
   bool alone() const { return world_ == 1 && !link_; }
+  // The job rank of this node's rank `local`.
+  int JobRankOf(int local) const { return link_ ? link_->JobRank(link_->node(), local) : local; }
   NodeLink* link() const { return link_.get(); }
   Peers* peers() const { return peers_.get(); }
   const std::shared_ptr<Peers>& shared_peers() const { return peers_; }
@@ -95,8 +97,6 @@ class Group {
  private:
   GroupControl* control() const { return peers_->control(); }
 
-  // The job rank of this node's rank `local`.
-  int JobRankOf(int local) const { return link_ ? link_->JobRank(link_->node(), local) : local; }
   // The verdict of Agree() across nodes, the same on every rank.
   Status AgreeAcrossNodes(const std::string& desc, const Status& local);
 

@@ -24,6 +24,33 @@
 
 namespace smb {
 
+// A request from a rank on another node for a segment (the asynchronous
+// mode's parameters) whose home is this node's box: see SegmentTable.
+struct SegmentRequest {
+  enum class Kind : int32_t { kCreate = 1, kRead = 2, kUpdate = 3 };
+  Kind kind = Kind::kRead;
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  bool write = false;       // kCreate: the payload is the initial value
+  bool consistent = true;   // kRead: seqlock read (else hogwild)
+  int32_t rule = 0;         // kUpdate: an smb::UpdateRule
+  double learning_rate = 0;
+  double momentum = 0;
+};
+
+// Serves one request (on the link's thread): the payload is the value or
+// update; *reply gets what a read returns.
+using SegmentServer = std::function<Status(const SegmentRequest& request, const void* payload,
+                                           size_t payload_bytes, std::vector<char>* reply)>;
+
+// Another rank's step clock (the asynchronous mode), as last heard.
+struct RemoteClock {
+  int rank;
+  uint64_t steps;
+  bool finished;
+};
+
 // An operation of the link in flight (see NodeLink::StartAllReduceSum).
 class LinkOp {
  public:
@@ -68,6 +95,22 @@ class NodeLink {
   virtual void OfferCandidates(const std::vector<uint64_t>& keys) = 0;
   // The next decided key, in decision order; false: none yet.
   virtual bool NextDecision(uint64_t* key) = 0;
+
+  // ---- The memory server: segments homed on one node, used from all ----
+  // Requests from other nodes go to `server` (null: refuse them).
+  virtual void SetSegmentServer(SegmentServer server) = 0;
+  // Sends `request` with `payload` to node `home` (served by the rank there
+  // with this local rank) and waits for the reply, `reply_bytes` into `reply`.
+  virtual Status CallSegmentServer(int home, const SegmentRequest& request, const void* payload,
+                                   size_t payload_bytes, void* reply, size_t reply_bytes,
+                                   double timeout_s) = 0;
+
+  // ---- The step clock across nodes ----
+  // Tells the ranks of the other nodes this rank's steps and whether it finished.
+  virtual void PublishClock(uint64_t steps, bool finished) = 0;
+  // What this rank heard from the ranks of the other nodes (a rank not heard
+  // from yet is at step 0, training).
+  virtual std::vector<RemoteClock> RemoteClocks() const = 0;
 
   // ---- Failure ----
   // Tells every other rank of the job that the job failed.

@@ -41,6 +41,33 @@ namespace {
 constexpr int kTagCandidates = 11;  // leader -> node 0's leader: [applied, keys...]
 constexpr int kTagDecision = 12;    // node 0's leader -> leaders: [seq, key]
 constexpr int kTagFailure = 13;     // anyone -> everyone: [code, message]
+constexpr int kTagSegmentRequest = 14;  // a client -> the home node's server
+constexpr int kTagSegmentReply = 15;    // the server -> the client
+constexpr int kTagClock = 16;           // a rank -> the other nodes' ranks: [steps, finished]
+constexpr int kTagLeaving = 17;         // a rank at exit -> everyone: []
+
+// A segment request on the wire: this header, then the payload.
+struct WireRequest {
+  uint64_t id;
+  int32_t kind, dtype, num_dims, rule;
+  uint32_t write, consistent;
+  double learning_rate, momentum;
+  int64_t dims[8];
+  char name[128];
+};
+// A reply: this header, then the data (a read's value).
+struct WireReply {
+  uint64_t id;
+  int32_t code;
+  uint32_t message_len;
+  char message[496];
+};
+
+std::vector<char> Words(const std::vector<uint64_t>& words) {
+  std::vector<char> bytes(words.size() * sizeof(uint64_t));
+  if (!words.empty()) std::memcpy(bytes.data(), words.data(), bytes.size());
+  return bytes;
+}
 
 constexpr double kWaitSliceS = 0.02;  // how often waiters look at the job's failure
 constexpr double kFailedFinalizeWaitS = 10;  // exit's wait for MPI_Finalize after a failure
@@ -67,6 +94,14 @@ struct Op : LinkOp {
   bool done = false;
   int error = MPI_SUCCESS;
   std::vector<char> buffer;  // memory the operation owns (outlives an abandoned wait)
+};
+
+// A segment call waiting for its reply (mu_ guards it).
+struct PendingCall {
+  void* reply;
+  size_t reply_bytes;
+  bool done = false;
+  Status status;
 };
 
 class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
@@ -98,6 +133,12 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   void SendFailure(const Status& failure) override;
   void SetCallbacks(std::function<void(const Status&)> failed, std::function<void()> wake,
                     std::function<Status()> local_failure) override;
+  void SetSegmentServer(SegmentServer server) override;
+  Status CallSegmentServer(int home, const SegmentRequest& request, const void* payload,
+                           size_t payload_bytes, void* reply, size_t reply_bytes,
+                           double timeout_s) override;
+  void PublishClock(uint64_t steps, bool finished) override;
+  std::vector<RemoteClock> RemoteClocks() const override;
   Status Failure() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return failure_;
@@ -116,7 +157,11 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   bool Receive();
   void Offer(int node, const std::vector<uint64_t>& message);
   void Decide();
-  void Send(int to, int tag, std::vector<uint64_t> words);
+  void Send(int to, int tag, std::vector<char> bytes);
+  // From any thread: the link's thread sends it.
+  void Post(int to, int tag, std::vector<char> bytes);
+  void Serve(int from, const std::vector<char>& message);
+  void Answer(const std::vector<char>& message);
 
   // Layout, fixed once Begin() returns.
   int rank_ = 0, world_ = 1, node_ = 0, nodes_ = 1, local_rank_ = 0, local_size_ = 1;
@@ -155,8 +200,22 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   std::vector<uint64_t> applied_by_node_;
   std::unordered_map<uint64_t, uint64_t> decided_;  // key -> decision number
   uint64_t decisions_made_ = 0;
-  // Sends in flight (thread only).
-  std::vector<std::pair<MPI_Request, std::shared_ptr<std::vector<uint64_t>>>> sends_;
+  // Sends in flight (thread only), and sends other threads posted (mu_).
+  std::vector<std::pair<MPI_Request, std::shared_ptr<std::vector<char>>>> sends_;
+  struct Outgoing {
+    int to, tag;
+    std::vector<char> bytes;
+  };
+  std::deque<Outgoing> outbox_;
+  // The memory server, segment calls waiting for replies, other nodes' clocks (mu_).
+  SegmentServer server_;
+  uint64_t next_call_ = 1;
+  std::unordered_map<uint64_t, PendingCall*> calls_;
+  std::unordered_map<int, RemoteClock> clocks_;
+  // Exit: a rank keeps serving its segments until every rank is leaving
+  // (thread only).
+  bool sent_leaving_ = false;
+  int leaving_ = 0;
 };
 
 Status MpiLink::Begin(const MpiLinkOptions& options) {
@@ -264,6 +323,7 @@ void MpiLink::Work(const MpiLinkOptions& options) {
     std::vector<uint64_t> offer;
     bool have_offer = false, stop = false;
     Status to_send;
+    std::deque<Outgoing> outgoing;
     {
       std::lock_guard<std::mutex> lock(mu_);
       starting.swap(queue_);
@@ -275,6 +335,11 @@ void MpiLink::Work(const MpiLinkOptions& options) {
       to_send = failure_to_send_;
       failure_to_send_ = Status::Ok();
       stop = stop_;
+      outgoing.swap(outbox_);
+    }
+    for (Outgoing& o : outgoing) {
+      Send(o.to, o.tag, std::move(o.bytes));
+      busy = true;
     }
     if (!to_send.ok()) {
       const std::string& m = to_send.message();
@@ -282,7 +347,7 @@ void MpiLink::Work(const MpiLinkOptions& options) {
       words[0] = static_cast<uint64_t>(to_send.code());
       std::memcpy(words.data() + 1, m.data(), m.size());
       for (int r = 0; r < world_; ++r) {
-        if (r != rank_) Send(r, kTagFailure, words);
+        if (r != rank_) Send(r, kTagFailure, Words(words));
       }
       busy = true;
     }
@@ -301,7 +366,7 @@ void MpiLink::Work(const MpiLinkOptions& options) {
       if (node_ == 0) {
         Offer(0, offer);
       } else {
-        Send(JobRank(0, 0), kTagCandidates, std::move(offer));
+        Send(JobRank(0, 0), kTagCandidates, Words(offer));
       }
       busy = true;
     }
@@ -333,7 +398,15 @@ void MpiLink::Work(const MpiLinkOptions& options) {
     while (Receive()) busy = true;
     if (stop) {
       const bool failed = !Failure().ok();
-      if (failed || (active_.empty() && sends_.empty())) break;
+      if (!failed && nodes_ > 1 && !sent_leaving_) {
+        for (int r = 0; r < world_; ++r) {
+          if (r != rank_) Send(r, kTagLeaving, {});
+        }
+        sent_leaving_ = true;
+        busy = true;
+      }
+      const bool others_left = nodes_ == 1 || leaving_ == world_ - 1;
+      if (failed || (others_left && active_.empty() && sends_.empty())) break;
     }
     if (busy) {
       idle_s = 0;
@@ -342,7 +415,9 @@ void MpiLink::Work(const MpiLinkOptions& options) {
     idle_s = std::min(1e-3, std::max(2e-5, idle_s * 2));
     std::unique_lock<std::mutex> lock(mu_);
     work_cv_.wait_for(lock, std::chrono::duration<double>(idle_s), [&] {
-      return !queue_.empty() || offer_pending_ || stop_ || !failure_to_send_.ok();
+      // Once leaving, a stopping link still sleeps between polls.
+      return !queue_.empty() || offer_pending_ || (stop_ && !sent_leaving_) ||
+             !failure_to_send_.ok() || !outbox_.empty();
     });
   }
   // Every rank finalizes (else mpirun calls the job failed), unless an
@@ -380,13 +455,21 @@ void MpiLink::Stop() {
   }
 }
 
-void MpiLink::Send(int to, int tag, std::vector<uint64_t> words) {
-  auto buffer = std::make_shared<std::vector<uint64_t>>(std::move(words));
+void MpiLink::Send(int to, int tag, std::vector<char> bytes) {
+  auto buffer = std::make_shared<std::vector<char>>(std::move(bytes));
   MPI_Request request;
-  if (MPI_Isend(buffer->data(), static_cast<int>(buffer->size()), MPI_UINT64_T, to, tag, control_,
+  if (MPI_Isend(buffer->data(), static_cast<int>(buffer->size()), MPI_BYTE, to, tag, control_,
                 &request) == MPI_SUCCESS) {
     sends_.emplace_back(request, std::move(buffer));
   }
+}
+
+void MpiLink::Post(int to, int tag, std::vector<char> bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    outbox_.push_back({to, tag, std::move(bytes)});
+  }
+  work_cv_.notify_all();
 }
 
 bool MpiLink::Receive() {
@@ -395,13 +478,36 @@ bool MpiLink::Receive() {
   if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, control_, &flag, &status) != MPI_SUCCESS || !flag) {
     return false;
   }
-  int count = 0;
-  MPI_Get_count(&status, MPI_UINT64_T, &count);
-  std::vector<uint64_t> words(std::max(count, 1));
-  MPI_Recv(words.data(), count, MPI_UINT64_T, status.MPI_SOURCE, status.MPI_TAG, control_,
+  int bytes = 0;
+  MPI_Get_count(&status, MPI_BYTE, &bytes);
+  std::vector<char> message(std::max(bytes, 1));
+  MPI_Recv(message.data(), bytes, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, control_,
            MPI_STATUS_IGNORE);
-  words.resize(count);
-  if (status.MPI_TAG == kTagCandidates) {
+  message.resize(bytes);
+  if (status.MPI_TAG == kTagSegmentRequest) {
+    Serve(status.MPI_SOURCE, message);
+    return true;
+  }
+  if (status.MPI_TAG == kTagSegmentReply) {
+    Answer(message);
+    return true;
+  }
+  if (status.MPI_TAG == kTagLeaving) {
+    ++leaving_;
+    return true;
+  }
+  std::vector<uint64_t> words(bytes / sizeof(uint64_t));
+  if (!words.empty()) std::memcpy(words.data(), message.data(), words.size() * sizeof(uint64_t));
+  const int count = static_cast<int>(words.size());
+  if (status.MPI_TAG == kTagClock && count == 2) {
+    std::function<void()> wake;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      clocks_[status.MPI_SOURCE] = {status.MPI_SOURCE, words[0], words[1] != 0};
+      wake = wake_cb_;
+    }
+    if (wake) wake();
+  } else if (status.MPI_TAG == kTagCandidates) {
     Offer(node_of_[status.MPI_SOURCE], words);
   } else if (status.MPI_TAG == kTagDecision && count == 2) {
     std::function<void()> wake;
@@ -448,7 +554,9 @@ void MpiLink::Decide() {
     }
     if (!everywhere) continue;
     decided_[key] = ++decisions_made_;
-    for (int n = 1; n < nodes_; ++n) Send(JobRank(n, 0), kTagDecision, {decisions_made_, key});
+    for (int n = 1; n < nodes_; ++n) {
+      Send(JobRank(n, 0), kTagDecision, Words({decisions_made_, key}));
+    }
     std::function<void()> wake;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -556,6 +664,162 @@ Status MpiLink::Await(const Op& op, const std::string& what, double timeout_s) {
                         "s in " + what + " waiting for rank(s) " + others + " on other nodes");
     }
   }
+}
+
+void MpiLink::SetSegmentServer(SegmentServer server) {
+  std::lock_guard<std::mutex> lock(mu_);
+  server_ = std::move(server);
+}
+
+Status MpiLink::CallSegmentServer(int home, const SegmentRequest& request, const void* payload,
+                                  size_t payload_bytes, void* reply, size_t reply_bytes,
+                                  double timeout_s) {
+  if (request.name.size() >= sizeof(WireRequest::name) || request.shape.size() > 8) {
+    return InvalidArgument("segment name or shape too long for a remote call: '" +
+                           request.name + "'");
+  }
+  WireRequest wire{};
+  wire.kind = static_cast<int32_t>(request.kind);
+  wire.dtype = static_cast<int32_t>(request.dtype);
+  wire.num_dims = static_cast<int32_t>(request.shape.size());
+  for (size_t i = 0; i < request.shape.size(); ++i) wire.dims[i] = request.shape[i];
+  wire.rule = request.rule;
+  wire.write = request.write;
+  wire.consistent = request.consistent;
+  wire.learning_rate = request.learning_rate;
+  wire.momentum = request.momentum;
+  std::memcpy(wire.name, request.name.data(), request.name.size());
+  PendingCall call{reply, reply_bytes};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.ok()) return failure_;
+    wire.id = next_call_++;
+    calls_[wire.id] = &call;
+  }
+  std::vector<char> message(sizeof wire + payload_bytes);
+  std::memcpy(message.data(), &wire, sizeof wire);
+  if (payload_bytes) std::memcpy(message.data() + sizeof wire, payload, payload_bytes);
+  const int server = JobRank(home, local_rank_);
+  Post(server, kTagSegmentRequest, std::move(message));
+  std::function<Status()> local_failure;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    local_failure = local_failure_cb_;
+  }
+  const double deadline = MonotonicSeconds() + timeout_s;
+  for (;;) {
+    Status failed;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_cv_.wait_for(lock, std::chrono::duration<double>(kWaitSliceS),
+                        [&] { return call.done || !failure_.ok(); });
+      if (call.done) return call.status;
+      failed = failure_;
+      if (failed.ok() && MonotonicSeconds() >= deadline) {
+        failed = Status(Code::kDeadlineExceeded,
+                        "rank " + std::to_string(rank_) + " timed out after " +
+                            std::to_string(static_cast<int>(timeout_s)) +
+                            "s waiting for rank " + std::to_string(server) + " (node " +
+                            std::to_string(home) + ") to serve segment '" + request.name + "'");
+      }
+      if (!failed.ok()) {
+        calls_.erase(wire.id);  // a late reply finds no one to write to
+        return failed;
+      }
+    }
+    if (local_failure) {
+      failed = local_failure();
+      if (!failed.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        calls_.erase(wire.id);
+        return failed;
+      }
+    }
+  }
+}
+
+void MpiLink::Serve(int from, const std::vector<char>& message) {
+  WireReply answer{};
+  std::vector<char> data;
+  Status status;
+  if (message.size() < sizeof(WireRequest)) {
+    status = InvalidArgument("a segment request of " + std::to_string(message.size()) + " bytes");
+  } else {
+    WireRequest wire;
+    std::memcpy(&wire, message.data(), sizeof wire);
+    answer.id = wire.id;
+    SegmentRequest request;
+    request.kind = static_cast<SegmentRequest::Kind>(wire.kind);
+    request.name.assign(wire.name, strnlen(wire.name, sizeof wire.name));
+    request.dtype = static_cast<DType>(wire.dtype);
+    request.shape.assign(wire.dims, wire.dims + std::min(8, std::max(0, wire.num_dims)));
+    request.write = wire.write != 0;
+    request.consistent = wire.consistent != 0;
+    request.rule = wire.rule;
+    request.learning_rate = wire.learning_rate;
+    request.momentum = wire.momentum;
+    SegmentServer server;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      server = server_;
+    }
+    status = server ? server(request, message.data() + sizeof wire, message.size() - sizeof wire,
+                             &data)
+                    : Status(Code::kNotFound, "rank " + std::to_string(rank_) +
+                                                  " holds no segments (not in the asynchronous mode)");
+  }
+  answer.code = static_cast<int32_t>(status.code());
+  const std::string& text = status.message();
+  answer.message_len = static_cast<uint32_t>(std::min(text.size(), sizeof answer.message));
+  std::memcpy(answer.message, text.data(), answer.message_len);
+  std::vector<char> reply(sizeof answer + (status.ok() ? data.size() : 0));
+  std::memcpy(reply.data(), &answer, sizeof answer);
+  if (status.ok() && !data.empty()) std::memcpy(reply.data() + sizeof answer, data.data(), data.size());
+  Send(from, kTagSegmentReply, std::move(reply));
+}
+
+void MpiLink::Answer(const std::vector<char>& message) {
+  if (message.size() < sizeof(WireReply)) return;
+  WireReply answer;
+  std::memcpy(&answer, message.data(), sizeof answer);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = calls_.find(answer.id);
+  if (it == calls_.end()) return;  // its caller gave up
+  PendingCall* call = it->second;
+  calls_.erase(it);
+  const size_t data = message.size() - sizeof answer;
+  if (answer.code != 0) {
+    call->status = Status(static_cast<Code>(answer.code),
+                          std::string(answer.message, std::min<size_t>(answer.message_len,
+                                                                       sizeof answer.message)));
+  } else if (data != call->reply_bytes) {
+    call->status = Internal("a segment reply of " + std::to_string(data) + " bytes, expected " +
+                            std::to_string(call->reply_bytes));
+  } else if (data != 0) {
+    std::memcpy(call->reply, message.data() + sizeof answer, data);
+  }
+  call->done = true;
+  done_cv_.notify_all();
+}
+
+void MpiLink::PublishClock(uint64_t steps, bool finished) {
+  for (int n = 0; n < nodes_; ++n) {
+    if (n == node_) continue;
+    for (int local = 0; local < local_size_; ++local) {
+      Post(JobRank(n, local), kTagClock, Words({steps, finished ? 1u : 0u}));
+    }
+  }
+}
+
+std::vector<RemoteClock> MpiLink::RemoteClocks() const {
+  std::vector<RemoteClock> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int r = 0; r < world_; ++r) {
+    if (node_of_[r] == node_) continue;
+    auto it = clocks_.find(r);
+    out.push_back(it == clocks_.end() ? RemoteClock{r, 0, false} : it->second);
+  }
+  return out;
 }
 
 MPI_Datatype MpiType(DType dtype) {

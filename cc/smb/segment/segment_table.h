@@ -1,0 +1,82 @@
+// The asynchronous mode's named segments as one rank sees them. On one node
+// every segment lives in the node's box. Across nodes each segment has a home
+// node: segments go, in creation order, to the node holding the fewest
+// segment bytes so far (ties: the lowest node), which every rank computes
+// alike since every rank creates the same segments in the same order. Ranks
+// on the home node read and update the segment in their box directly; the
+// others through the node link's memory server (NodeLink::CallSegmentServer),
+// whose requests Serve() applies to the box under the same locks, so remote
+// and local updates are never lost and reads are never torn.
+//
+//   smb::SegmentTable table(peers, link);
+//   SMB_RETURN_IF_ERROR(table.Create("dense/kernel", DType::kFloat32, {4, 3}, initial));
+//   SMB_RETURN_IF_ERROR(table.Update("dense/kernel", DType::kFloat32, {4, 3},
+//                                    {UpdateRule::kDelta}, delta, 0.0, timeout_s));
+#ifndef TF_SMB_CC_SMB_SEGMENT_SEGMENT_TABLE_H_
+#define TF_SMB_CC_SMB_SEGMENT_SEGMENT_TABLE_H_
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cc/smb/box.h"
+#include "cc/smb/node_link.h"
+#include "cc/smb/peers.h"
+#include "cc/smb/segment/segment_io.h"
+#include "cc/smb/segment/updaters.h"
+#include "cc/smb/status.h"
+
+namespace smb {
+
+class SegmentTable {
+ public:
+  // `peers` must have a box; `link` null on one node.
+  SegmentTable(std::shared_ptr<Peers> peers, NodeLink* link);
+
+  // Places `name` and creates it in its home box (or finds it there, when
+  // another rank of the home node created it); with `value`, writes it.
+  Status Create(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                const void* value, double timeout_s);
+  // dst = the segment's current value.
+  Status Read(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+              ReadMode mode, void* dst, double timeout_s);
+  // Applies `update` (a delta, or a gradient for the SGD rules) to the segment.
+  Status Update(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                const UpdateOptions& options, const void* update, double learning_rate,
+                double timeout_s);
+  // The segment's home node; -1 when this rank did not create it.
+  int Home(const std::string& name) const;
+
+  // The memory server's side: another node's request for a segment homed here.
+  Status Serve(const SegmentRequest& request, const void* payload, size_t payload_bytes,
+               std::vector<char>* reply);
+
+ private:
+  struct Placement {
+    int home;
+    DType dtype;
+    std::vector<int64_t> shape;
+  };
+  // The segment where this rank placed it, checked against dtype and shape.
+  Status Placed(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                int* home) const;
+  // The segment in this node's box (created, or found and attached).
+  Status Local(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+               Segment* out);
+  Status UpdateLocal(const std::string& name, const Segment& segment,
+                     const UpdateOptions& options, const void* update, double learning_rate);
+
+  std::shared_ptr<Peers> peers_;
+  NodeLink* link_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Placement> placed_;
+  std::vector<uint64_t> node_bytes_;  // segment bytes placed on each node
+  std::unordered_map<std::string, Segment> local_;
+  std::unordered_map<std::string, std::unique_ptr<Updater>> updaters_;
+};
+
+}  // namespace smb
+
+#endif  // TF_SMB_CC_SMB_SEGMENT_SEGMENT_TABLE_H_
