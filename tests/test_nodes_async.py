@@ -1,0 +1,182 @@
+"""The asynchronous mode across two simulated nodes (tests/simnodes.py), 2
+workers each: segments live in the box of one node each (placement: in creation
+order, the node holding the fewest segment bytes so far, ties to the lowest
+index); workers on the other node read and push through MPI to that node, with
+the same result as on one node: no lost update, no torn read, a wrong shape
+refused. Then Keras training in async mode across the nodes (the one-node
+versions: test_async.py)."""
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+import simnodes
+from harness import REPO, WORKERS
+
+SEGMENTS = os.path.join(WORKERS, "segments_worker.py")
+DIGITS = os.path.join(WORKERS, "digits_async.py")
+KERAS_DIGITS = os.path.join(REPO, "examples", "keras_digits.py")
+ENV = {"TF_SMB_TIMEOUT": "120", "TEST_TIMEOUT": "120"}
+PER_NODE = 2
+WORLD = 2 * PER_NODE
+PUSHES = 2000
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "float64": 8, "int64": 8}
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    made = simnodes.open_or_skip()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def node_of(rank):
+    """mpirun fills node 0's slots first: ranks 0, 1 on node 0; 2, 3 on node 1."""
+    return rank // PER_NODE
+
+
+def launch_workers(nodes, args, timeout, result_dir):
+    """Like simnodes.run_workers, but also returns the launch (for the ranks'
+    output in failure messages)."""
+    launch = nodes.mpirun(WORLD, PER_NODE,
+                          [sys.executable, *args, "--result_dir", result_dir], timeout, ENV)
+    results, missing = [], []
+    for rank in range(WORLD):
+        path = os.path.join(result_dir, f"rank{rank}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                results.append(json.load(f))
+        else:
+            missing.append(rank)
+    if launch.returncode != 0 or missing:
+        raise AssertionError(simnodes.describe_failure(
+            launch, missing or list(range(WORLD))))
+    return launch, results
+
+
+def launch_script(nodes, args, timeout):
+    """mpirun of `python args...` on 2x2; fails showing every rank's output."""
+    launch = nodes.mpirun(WORLD, PER_NODE, [sys.executable, *args], timeout, ENV)
+    if launch.returncode != 0:
+        raise AssertionError(simnodes.describe_failure(launch, list(range(WORLD))))
+    return launch
+
+
+def last_json(launch, rank):
+    """The last JSON object the rank printed (None if none). mpirun may append
+    the next line's tag to a line, so the object is decoded from its start and
+    whatever follows it ignored."""
+    decoder = json.JSONDecoder()
+    for line in reversed(launch.rank_output(rank).splitlines()):
+        start = line.find('{"rank"')
+        if start >= 0:
+            try:
+                return decoder.raw_decode(line[start:])[0]
+            except ValueError:
+                continue
+    return None
+
+
+def output_of(launch, rank, chars=3000):
+    return f"\n--- rank {rank} output:\n{launch.rank_output(rank)[-chars:]}"
+
+
+def placement(sizes, count=2):
+    """The documented rule: each segment, in creation order, to the node holding
+    the fewest segment bytes so far (ties: the lowest index)."""
+    held, homes = [0] * count, []
+    for size in sizes:
+        home = min(range(count), key=lambda i: (held[i], i))
+        held[home] += size
+        homes.append(home)
+    return homes
+
+
+def spec_bytes(spec):
+    """Bytes of a "dtype[d0,d1]" segment."""
+    dtype, dims = spec[:-1].split("[")
+    return DTYPE_BYTES[dtype] * int(np.prod([int(d) for d in dims.split(",")]))
+
+
+def bad_spec(spec):
+    """The spec of the wrong-shape delta segments_worker pushes (last dim + 1)."""
+    dtype, dims = spec[:-1].split("[")
+    d = dims.split(",")
+    d[-1] = str(int(d[-1]) + 1)
+    return f"{dtype}[{','.join(d)}]"
+
+
+def test_pushes_from_both_nodes_to_segments_on_both_nodes_lose_nothing(nodes, tmp_path):
+    # Every rank adds +1 PUSHES times to every segment (push; apply_sgd on the
+    # float ones every other time) while reading now and then: on each segment
+    # 2 local and 2 remote writers at once.
+    launch, results = launch_workers(nodes, [SEGMENTS, "--pushes", str(PUSHES)], 600,
+                                     str(tmp_path))
+    segments = results[0]["segments"]  # [name, "dtype[shape]"] in creation order
+    expected_homes = dict(zip([n for n, _ in segments],
+                              placement([spec_bytes(s) for _, s in segments])))
+    assert sorted(set(expected_homes.values())) == [0, 1], expected_homes  # the worker's choice
+    seconds = {r["rank"]: round(r["push_seconds"], 1) for r in results}
+    print(f"seconds pushing, by rank: {seconds}; launch {launch.seconds:.0f}s")
+    for rank, r in enumerate(results):
+        out = output_of(launch, rank)
+        assert r["rank"] == rank and r["size"] == WORLD, f"rank {rank}: {r['rank']}/{r['size']}{out}"
+        assert r["homes"] == expected_homes, (
+            f"rank {rank}: segment homes {r['homes']}, expected {expected_homes}{out}")
+        for name, spec in segments:
+            err = r["bad_push_errors"][name]
+            where = "remote" if expected_homes[name] != node_of(rank) else "local"
+            assert err and not err.startswith("not InvalidArgumentError") \
+                and spec in err and bad_spec(spec) in err, (
+                    f"rank {rank} (node {node_of(rank)}) pushing {bad_spec(spec)} to {where} "
+                    f"segment {name} ({spec}, home node {expected_homes[name]}): "
+                    f"expected InvalidArgumentError naming both shapes, got {err!r}{out}")
+        assert r["torn"] == [], f"rank {rank}: torn consistent reads {r['torn']}{out}"
+        for name, spec in segments:
+            value = np.asarray(r["final"][name], dtype=np.float64)
+            want = np.arange(value.size) % 7 + PUSHES * WORLD  # initial: index mod 7
+            bad = np.flatnonzero(value != want)
+            assert bad.size == 0, (
+                f"rank {rank} (node {node_of(rank)}) read {name} ({spec}, home node "
+                f"{expected_homes[name]}): {bad.size} of {value.size} elements wrong, e.g. "
+                f"[{bad[0]}] = {value[bad[0]]} instead of {want[bad[0]]} "
+                f"(gains seen: {sorted(set((value - np.arange(value.size) % 7).tolist()))[:8]})"
+                f"{out}")
+
+
+@pytest.mark.parametrize("update", ["delta", "sgd"])
+def test_keras_digits_async_across_nodes_reaches_090(nodes, update):
+    launch = launch_script(nodes, [KERAS_DIGITS, "--mode=async", f"--update={update}"], 900)
+    for rank in range(WORLD):
+        accs = [float(a) for a in re.findall(r"test accuracy: *([0-9.]+)",
+                                             launch.rank_output(rank))]
+        assert accs and accs[-1] >= 0.90, (
+            f"rank {rank} (node {node_of(rank)}): test accuracies {accs}"
+            f"{output_of(launch, rank)}")
+
+
+def test_staleness_bound_and_final_values_across_nodes(nodes):
+    # Rank 3 (node 1) sleeps 0.05 s a step; with staleness 0 no rank on either
+    # node may start a step before every other finished the previous one. After
+    # fit every rank loads the box's final values: the same weights everywhere.
+    launch = launch_script(nodes, [DIGITS, "--epochs", "2", "--staleness", "0",
+                                   "--slow_rank", "3", "--delay", "0.05"], 600)
+    results = []
+    for rank in range(WORLD):
+        res = last_json(launch, rank)
+        assert res is not None and res["rank"] == rank, (
+            f"rank {rank}: no result line{output_of(launch, rank)}")
+        results.append(res)
+    for rank, res in enumerate(results):
+        assert res["steps"] > 0, f"rank {rank}: {res}{output_of(launch, rank)}"
+        assert res["max_gap"] <= 0, (
+            f"rank {rank} (node {node_of(rank)}) ran {res['max_gap']} steps ahead of the "
+            f"slowest with staleness 0: {res}{output_of(launch, rank)}")
+        assert res["weights_sum"] == results[0]["weights_sum"], (
+            f"rank {rank} ended with weights summing to {res['weights_sum']}, rank 0 with "
+            f"{results[0]['weights_sum']}: {results}{output_of(launch, rank)}")
