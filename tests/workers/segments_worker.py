@@ -9,7 +9,8 @@ then:
      and keeps the error text;
   3. adds +1 to every element of every segment `--pushes` times: segment_push,
      and on the float segments every other time segment_apply_sgd(grad=-1,
-     lr=1, momentum=0) instead; all exact. Every `--check_every` rounds it reads
+     lr=1, momentum=0) instead; all exact. MOMENTUM_SEGMENT instead gets
+     `--pushes` momentum SGD steps. Every `--check_every` rounds it reads
      one segment (consistent read) and records it when its elements did not all
      gain the same amount (a torn read: half an update);
   4. after a barrier, reads every segment.
@@ -32,13 +33,19 @@ from tf_smb import ops  # noqa: E402
 
 # name, dtype, shape. In creation order the placement rule (the node holding the
 # fewest segment bytes so far, ties to the lowest index) puts them on nodes
-# 0, 1, 0, 1 of two: 1028 B -> 0; 1028 B -> 1; 264 B -> 0 (tie); 8000 B -> 1.
+# 0, 1, 0, 1, 0 of two: 1028 B -> 0; 1028 B -> 1; 264 B -> 0 (tie); 8000 B -> 1;
+# 512 B -> 0.
 SEGMENTS = [
     ("nodes-async-f32", tf.float32, [257]),
     ("nodes-async-i32", tf.int32, [257]),
     ("nodes-async-f64", tf.float64, [3, 11]),
     ("nodes-async-i64", tf.int64, [1000]),
+    ("nodes-async-momentum", tf.float64, [64]),  # 512 B -> 0
 ]
+# Gets only segment_apply_sgd(grad=-1, lr=1, momentum=MOMENTUM): v = m*v + 1;
+# w += v, with one velocity for the segment (in its home's box), whichever rank
+# applies. All gradients being equal, the result depends only on their number.
+MOMENTUM_SEGMENT, MOMENTUM = "nodes-async-momentum", 0.75
 
 
 def initial(dtype, shape):
@@ -60,7 +67,8 @@ def main():
 
     ops.init()
     rank, size = tf_smb.rank(), tf_smb.size()
-    result = {"rank": rank, "size": size, "pushes": a.pushes,
+    result = {"rank": rank, "size": size, "pushes": a.pushes, "momentum": MOMENTUM,
+              "momentum_segment": MOMENTUM_SEGMENT,
               "segments": [[name, spec(dtype, shape)] for name, dtype, shape in SEGMENTS]}
 
     # Create: rank 0 first (write=True), a collective orders it before the others.
@@ -96,7 +104,9 @@ def main():
     start = time.monotonic()
     for i in range(a.pushes):
         for name, dtype, shape in SEGMENTS:
-            if dtype.is_floating and i % 2:
+            if name == MOMENTUM_SEGMENT:
+                ops.segment_apply_sgd(minus_ones[name], lr, name, MOMENTUM)
+            elif dtype.is_floating and i % 2:
                 ops.segment_apply_sgd(minus_ones[name], lr, name, 0.0)  # w -= 1 * (-1)
             else:
                 ops.segment_push(ones[name], name)
@@ -104,7 +114,9 @@ def main():
             name, dtype, shape = SEGMENTS[(i // a.check_every) % len(SEGMENTS)]
             gained = (ops.segment_read(name, dtype, shape).numpy().astype(np.float64)
                       - initial(dtype, shape))
-            if gained.min() != gained.max() and len(torn) < 10:
+            # (The momentum segment's values are not integers: rounding differs
+            # by the element's initial value.)
+            if gained.max() - gained.min() > 1e-6 and len(torn) < 10:
                 torn.append({"segment": name, "round": i, "min": float(gained.min()),
                              "max": float(gained.max())})
     result["push_seconds"] = time.monotonic() - start
