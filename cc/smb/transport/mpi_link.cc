@@ -21,6 +21,7 @@ Status StartMpiLink(const MpiLinkOptions&, std::shared_ptr<NodeLink>*) {
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -45,6 +46,14 @@ constexpr int kTagSegmentRequest = 14;  // a client -> the home node's server
 constexpr int kTagSegmentReply = 15;    // the server -> the client
 constexpr int kTagClock = 16;           // a rank -> the other nodes' ranks: [steps, finished]
 constexpr int kTagLeaving = 17;         // a rank at exit -> everyone: []
+constexpr int kTagHeartbeat = 18;       // every rank -> the other nodes' ranks: []
+
+// Every rank tells the ranks of other nodes it is alive this often; one not
+// heard from for kLostAfterS is lost (its node died or was cut off). Only
+// matters where mpirun lets the others run on (--enable-recovery): by
+// default mpirun ends the whole job when a rank dies.
+constexpr double kHeartbeatS = 0.5;
+constexpr double kLostAfterS = 10;
 
 // A segment request on the wire: this header, then the payload.
 struct WireRequest {
@@ -216,6 +225,12 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   // (thread only).
   bool sent_leaving_ = false;
   int leaving_ = 0;
+  // Liveness of the other nodes' ranks (thread only).
+  std::vector<double> last_heard_;  // by job rank
+  std::vector<bool> left_;          // sent kTagLeaving
+  double next_heartbeat_ = 0;
+  std::atomic<bool> peers_lost_{false};  // a rank is gone: never MPI_Finalize
+  void CheckLiveness(double now);
 };
 
 Status MpiLink::Begin(const MpiLinkOptions& options) {
@@ -295,6 +310,8 @@ Status MpiLink::Setup(const MpiLinkOptions& options) {
     offers_.assign(nodes_, {});
     applied_by_node_.assign(nodes_, 0);
   }
+  last_heard_.assign(world_, MonotonicSeconds());
+  left_.assign(world_, false);
   return Status::Ok();
 }
 
@@ -396,6 +413,16 @@ void MpiLink::Work(const MpiLinkOptions& options) {
       sends_.erase(sends_.begin() + i);
     }
     while (Receive()) busy = true;
+    if (nodes_ > 1) {
+      const double now = MonotonicSeconds();
+      if (now >= next_heartbeat_) {
+        next_heartbeat_ = now + kHeartbeatS;
+        for (int r = 0; r < world_; ++r) {
+          if (node_of_[r] != node_) Send(r, kTagHeartbeat, {});
+        }
+        CheckLiveness(now);
+      }
+    }
     if (stop) {
       const bool failed = !Failure().ok();
       if (!failed && nodes_ > 1 && !sent_leaving_) {
@@ -421,8 +448,9 @@ void MpiLink::Work(const MpiLinkOptions& options) {
     });
   }
   // Every rank finalizes (else mpirun calls the job failed), unless an
-  // operation is stuck on a peer that may never come (the job failed).
-  if (active_.empty()) {
+  // operation is stuck on a peer, or a peer is gone: MPI_Finalize would wait
+  // for it forever.
+  if (active_.empty() && !peers_lost_) {
     MPI_Op_free(&sum_half_);
     MPI_Op_free(&sum_bfloat16_);
     MPI_Comm_free(&cross_);
@@ -432,6 +460,30 @@ void MpiLink::Work(const MpiLinkOptions& options) {
   std::lock_guard<std::mutex> lock(mu_);
   finished_ = true;
   done_cv_.notify_all();
+}
+
+void MpiLink::CheckLiveness(double now) {
+  if (!Failure().ok()) return;
+  std::string lost;
+  for (int r = 0; r < world_; ++r) {
+    if (node_of_[r] == node_ || left_[r] || now - last_heard_[r] < kLostAfterS) continue;
+    lost += (lost.empty() ? "" : ", ") + std::to_string(r) + " (node " +
+            std::to_string(node_of_[r]) + ")";
+  }
+  if (lost.empty()) return;
+  peers_lost_ = true;
+  const Status failure(
+      Code::kAborted,
+      "rank(s) " + lost + " sent nothing for " + std::to_string(static_cast<int>(kLostAfterS)) +
+          " s: lost (their node died or was cut off); rank " + std::to_string(rank_) +
+          " stops. In the asynchronous mode the segments homed on a lost node are lost too");
+  std::function<void(const Status&)> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    SetFailure(failure);
+    failed = failed_cb_;
+  }
+  if (failed) failed(failure);
 }
 
 void MpiLink::Stop() {
@@ -484,6 +536,8 @@ bool MpiLink::Receive() {
   MPI_Recv(message.data(), bytes, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, control_,
            MPI_STATUS_IGNORE);
   message.resize(bytes);
+  last_heard_[status.MPI_SOURCE] = MonotonicSeconds();
+  if (status.MPI_TAG == kTagHeartbeat) return true;
   if (status.MPI_TAG == kTagSegmentRequest) {
     Serve(status.MPI_SOURCE, message);
     return true;
@@ -493,7 +547,8 @@ bool MpiLink::Receive() {
     return true;
   }
   if (status.MPI_TAG == kTagLeaving) {
-    ++leaving_;
+    if (!left_[status.MPI_SOURCE]) ++leaving_;
+    left_[status.MPI_SOURCE] = true;
     return true;
   }
   std::vector<uint64_t> words(bytes / sizeof(uint64_t));
@@ -639,6 +694,7 @@ Status MpiLink::Await(const Op& op, const std::string& what, double timeout_s) {
                         [&] { return op.done || !failure_.ok(); });
       if (op.done) {
         if (op.error == MPI_SUCCESS) return Status::Ok();
+        peers_lost_ = true;
         const Status failed(Code::kAborted, "rank " + std::to_string(rank_) + " (node " +
                                                 std::to_string(node_) + ") lost its link to " +
                                                 "the other nodes in " + what + ": " +
