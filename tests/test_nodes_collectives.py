@@ -2,7 +2,13 @@
 the job-wide order of independent collectives, every dtype (float16/bfloat16
 through tf_smb's own MPI sum), broadcasts from a rank on either node, and ranks
 on different nodes that disagree. Keras training across nodes: test_nodes.py."""
+import json
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -55,3 +61,80 @@ def test_ranks_on_different_nodes_disagreeing_get_the_same_error(nodes, tmp_path
         # The job then stops: a later call fails at once with that error.
         assert r["later_error"] and "float32[3]" in r["later_error"], r
         assert r["later_seconds"] < 5, r
+
+
+LOST_NODE_WORKER = r'''
+import json, os, sys, time
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+import numpy as np, keras, tf_smb
+out = sys.argv[1]
+strategy = tf_smb.SMBStrategy()
+x = np.random.rand(4000, 8).astype("float32")
+y = (x.sum(1) > 4).astype("int64")
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(2)])
+    model.compile(optimizer="sgd",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+class Started(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == 5:
+            open(os.path.join(out, f"started{strategy.rank}"), "w").close()
+
+try:
+    model.fit(x, y, batch_size=32, epochs=500, verbose=0, callbacks=[Started()])
+    error = None
+except Exception as e:  # what a survivor sees when a node is lost
+    error = str(e)
+with open(os.path.join(out, f"rank{strategy.rank}.json"), "w") as f:
+    json.dump({"error": error, "time": time.time()}, f)
+sys.exit(3 if error else 0)
+'''
+
+
+def test_survivors_fail_naming_the_ranks_of_a_lost_node(nodes, tmp_path):
+    # With --enable-recovery mpirun lets the survivors run on (by default it
+    # ends the whole job itself, see test_nodes.py); tf_smb's heartbeats then
+    # find the lost ranks and every survivor fails naming them.
+    script = tmp_path / "lost_node_worker.py"
+    script.write_text(LOST_NODE_WORKER)
+    run = nodes.start_mpirun(4, 2, [sys.executable, str(script), str(tmp_path)],
+                             env={"TF_SMB_TIMEOUT": "300"},
+                             extra_mca=[("orte_enable_recovery", "1")])
+    try:
+        deadline = time.time() + 300
+        while not all((tmp_path / f"started{r}").exists() for r in range(4)):
+            assert time.time() < deadline and run.proc.poll() is None, "training never started"
+            time.sleep(0.5)
+        killed = []
+        for pid in subprocess.run(["ip", "netns", "pids", nodes.netns[1]], capture_output=True,
+                                  text=True, timeout=30).stdout.split():
+            try:
+                with open(f"/proc/{pid}/cmdline") as f:
+                    if "lost_node_worker" in f.read():
+                        os.kill(int(pid), signal.SIGKILL)
+                        killed.append(pid)
+            except (OSError, ProcessLookupError):
+                pass
+        assert len(killed) == 2, killed
+        kill_time = time.time()
+        while not all((tmp_path / f"rank{r}.json").exists() for r in range(2)):
+            assert time.time() < kill_time + 90, "the survivors did not fail within 90 s"
+            time.sleep(0.5)
+        for r in range(2):
+            result = json.loads((tmp_path / f"rank{r}.json").read_text())
+            error = result["error"] or ""
+            # The first rank(s) found silent: 2, 3 or both, on node 1.
+            named = re.search(r"rank\(s\) ((?:\d \(node 1\)(?:, )?)+) sent nothing for 10 s: lost",
+                              error)
+            assert named, f"rank {r}: {error}"
+            assert set(re.findall(r"(\d) \(node 1\)", named.group(1))) <= {"2", "3"}, error
+            assert result["time"] - kill_time < 45, f"rank {r} took {result['time'] - kill_time:.0f} s"
+    finally:
+        nodes.kill_processes()
+        try:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        run.proc.communicate(timeout=30)
