@@ -33,14 +33,16 @@ from tf_smb import ops  # noqa: E402
 
 # name, dtype, shape. In creation order the placement rule (the node holding the
 # fewest segment bytes so far, ties to the lowest index) puts them on nodes
-# 0, 1, 0, 1, 0 of two: 1028 B -> 0; 1028 B -> 1; 264 B -> 0 (tie); 8000 B -> 1;
-# 512 B -> 0.
+# 0, 1, 0, 1, 0, 0 of two: 1028 B -> 0; 1028 B -> 1; 264 B -> 0 (tie); 8000 B -> 1;
+# then 512 B and 160000 B -> 0.
 SEGMENTS = [
     ("nodes-async-f32", tf.float32, [257]),
     ("nodes-async-i32", tf.int32, [257]),
     ("nodes-async-f64", tf.float64, [3, 11]),
     ("nodes-async-i64", tf.int64, [1000]),
     ("nodes-async-momentum", tf.float64, [64]),  # 512 B -> 0
+    # Larger than the 128 KiB pieces sums cross the nodes in.
+    ("nodes-async-big", tf.float32, [40000]),  # 160000 B -> 0 (1804 B there, 9028 B on 1)
 ]
 # Gets only segment_apply_sgd(grad=-1, lr=1, momentum=MOMENTUM): v = m*v + 1;
 # w += v, with one velocity for the segment (in its home's box), whichever rank
