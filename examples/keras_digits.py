@@ -66,6 +66,10 @@ def define_common_flags() -> None:
     flags.DEFINE_enum("update", "delta", ["delta", "sgd"],
                       "SMB async only: delta = the worker's Adam turns gradients "
                       "into deltas; sgd = the box applies momentum SGD itself.")
+    flags.DEFINE_float("momentum", None,
+                       "SMB async sgd only: the box's momentum (default 0.9 with up to 2 "
+                       "workers, else 0.5: asynchrony itself acts like momentum, so more "
+                       "asynchronous workers need less of it).")
 
 
 class Digits(NamedTuple):
@@ -128,7 +132,7 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
             # With update=sgd the box runs momentum SGD from the pushed gradient.
             return _import_tf_smb().SMBStrategy(
                 mode="async", staleness=FLAGS.staleness, update=FLAGS.update,
-                momentum=0.9 if FLAGS.update == "sgd" else 0.0)
+                momentum=box_momentum() if FLAGS.update == "sgd" else 0.0)
         return _import_tf_smb().SMBStrategy()
     if name == "horovod":
         return _import_tf_smb().HorovodStrategy()
@@ -137,6 +141,14 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
     if name == "default":
         return tf.distribute.get_strategy()
     raise ValueError(f"unknown strategy {name!r}; expected one of {STRATEGIES}")
+
+
+def box_momentum() -> float:
+    """--momentum, or its default for this job's number of workers."""
+    if FLAGS.momentum is not None:
+        return FLAGS.momentum
+    from tf_smb import env  # pylint: disable=import-outside-toplevel
+    return 0.9 if env.detect().size <= 2 else 0.5
 
 
 def worker_rank(strategy: tf.distribute.Strategy) -> int:

@@ -169,7 +169,8 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   void Send(int to, int tag, std::vector<char> bytes);
   // From any thread: the link's thread sends it.
   void Post(int to, int tag, std::vector<char> bytes);
-  void Serve(int from, const std::vector<char>& message);
+  // False: no server yet (this rank is still starting); ask again later.
+  bool Serve(int from, const std::vector<char>& message);
   void Answer(const std::vector<char>& message);
 
   // Layout, fixed once Begin() returns.
@@ -223,6 +224,7 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   std::unordered_map<int, RemoteClock> clocks_;
   // Exit: a rank keeps serving its segments until every rank is leaving
   // (thread only).
+  std::deque<std::pair<int, std::vector<char>>> unserved_;  // requests before a server
   bool sent_leaving_ = false;
   int leaving_ = 0;
   // Liveness of the other nodes' ranks (thread only).
@@ -413,6 +415,11 @@ void MpiLink::Work(const MpiLinkOptions& options) {
       sends_.erase(sends_.begin() + i);
     }
     while (Receive()) busy = true;
+    // Requests that came before this rank's server existed, in order.
+    while (!unserved_.empty() && Serve(unserved_.front().first, unserved_.front().second)) {
+      unserved_.pop_front();
+      busy = true;
+    }
     if (nodes_ > 1) {
       const double now = MonotonicSeconds();
       if (now >= next_heartbeat_) {
@@ -539,7 +546,9 @@ bool MpiLink::Receive() {
   last_heard_[status.MPI_SOURCE] = MonotonicSeconds();
   if (status.MPI_TAG == kTagHeartbeat) return true;
   if (status.MPI_TAG == kTagSegmentRequest) {
-    Serve(status.MPI_SOURCE, message);
+    if (!unserved_.empty() || !Serve(status.MPI_SOURCE, message)) {
+      unserved_.emplace_back(status.MPI_SOURCE, std::move(message));
+    }
     return true;
   }
   if (status.MPI_TAG == kTagSegmentReply) {
@@ -794,7 +803,13 @@ Status MpiLink::CallSegmentServer(int home, const SegmentRequest& request, const
   }
 }
 
-void MpiLink::Serve(int from, const std::vector<char>& message) {
+bool MpiLink::Serve(int from, const std::vector<char>& message) {
+  SegmentServer server;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    server = server_;
+  }
+  if (!server) return false;
   WireReply answer{};
   std::vector<char> data;
   Status status;
@@ -814,15 +829,7 @@ void MpiLink::Serve(int from, const std::vector<char>& message) {
     request.rule = wire.rule;
     request.learning_rate = wire.learning_rate;
     request.momentum = wire.momentum;
-    SegmentServer server;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      server = server_;
-    }
-    status = server ? server(request, message.data() + sizeof wire, message.size() - sizeof wire,
-                             &data)
-                    : Status(Code::kNotFound, "rank " + std::to_string(rank_) +
-                                                  " holds no segments (not in the asynchronous mode)");
+    status = server(request, message.data() + sizeof wire, message.size() - sizeof wire, &data);
   }
   answer.code = static_cast<int32_t>(status.code());
   const std::string& text = status.message();
@@ -832,6 +839,7 @@ void MpiLink::Serve(int from, const std::vector<char>& message) {
   std::memcpy(reply.data(), &answer, sizeof answer);
   if (status.ok() && !data.empty()) std::memcpy(reply.data() + sizeof answer, data.data(), data.size());
   Send(from, kTagSegmentReply, std::move(reply));
+  return true;
 }
 
 void MpiLink::Answer(const std::vector<char>& message) {
