@@ -138,3 +138,29 @@ def test_survivors_fail_naming_the_ranks_of_a_lost_node(nodes, tmp_path):
         except ProcessLookupError:
             pass
         run.proc.communicate(timeout=30)
+
+
+def test_nodes_of_different_sizes_get_a_clear_error(nodes, tmp_path):
+    # 3 workers on 2 slots per node: 2 on node 0, 1 on node 1.
+    script = tmp_path / "init_worker.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "import tf_smb\n"
+        "from tf_smb import env, ops\n"
+        "rank = env.detect().rank\n"
+        "try:\n"
+        "    ops.init()\n"
+        "    error = None\n"
+        "except Exception as e:\n"
+        "    error = f'{type(e).__name__}: {e}'\n"
+        "with open(os.path.join(sys.argv[1], f'rank{rank}.json'), 'w') as f:\n"
+        "    json.dump({'error': error}, f)\n")
+    nodes.mpirun(3, 2, [sys.executable, str(script), str(tmp_path)], timeout=300,
+                 env={"TF_SMB_TIMEOUT": "60"})
+    for r in range(3):
+        path = tmp_path / f"rank{r}.json"
+        assert path.exists(), f"rank {r} wrote no result"
+        error = json.loads(path.read_text())["error"] or ""
+        assert "InvalidArgument" in error and ("every node of a job must run the same number "
+                                               "of workers, got 2 on node 0, 1 on node 1") in error, \
+            f"rank {r}: {error}"

@@ -79,7 +79,7 @@ std::vector<char> Words(const std::vector<uint64_t>& words) {
 }
 
 constexpr double kWaitSliceS = 0.02;  // how often waiters look at the job's failure
-constexpr double kFailedFinalizeWaitS = 10;  // exit's wait for MPI_Finalize after a failure
+constexpr double kFailedFinalizeWaitS = 60;  // exit's wait for MPI_Finalize after a failure
 
 std::string MpiError(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -239,7 +239,16 @@ Status MpiLink::Begin(const MpiLinkOptions& options) {
   finalize_wait_s_ = options.timeout_s;
   thread_ = std::thread(&MpiLink::Loop, shared_from_this(), options);
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return started_; });
+  // MPI_Init waits for every rank: one that never joins must not hang this one.
+  if (!done_cv_.wait_for(lock, std::chrono::duration<double>(options.timeout_s),
+                         [&] { return started_; })) {
+    thread_.detach();  // it keeps the link alive; the OS ends it
+    return Status(Code::kDeadlineExceeded,
+                  "rank " + std::to_string(options.rank) + " timed out after " +
+                      std::to_string(static_cast<int>(options.timeout_s)) +
+                      "s starting MPI between nodes: do all " + std::to_string(options.world) +
+                      " ranks create tf_smb.SMBStrategy() (or call tf_smb.init())?");
+  }
   return setup_;
 }
 
