@@ -200,7 +200,8 @@ def test_install_time_library_needs_a_matching_build_record(fake_build, tmp_path
     library = str(package / "_smb_ops.cpython-311-x86_64-linux-gnu.so")
     op_library.compile_library(fake_build.root, library, fake_tf("2.21.0"))
     assert op_library.read_build_record(library) == {
-        "tensorflow": "2.21.0", "sources": op_library.source_digest(fake_build.root)}
+        "tensorflow": "2.21.0", "sources": op_library.source_digest(fake_build.root),
+        "mpi": "1" if op_library.mpi_flags()[0] else "0"}
     monkeypatch.setattr(op_library, "_PACKAGE_DIR", str(package))
     assert op_library.installed_library(fake_build.root, "2.21.0") == library
     assert op_library.installed_library(None, "2.21.0") == library  # no sources at hand
@@ -208,6 +209,17 @@ def test_install_time_library_needs_a_matching_build_record(fake_build, tmp_path
     assert op_library.installed_library(fake_build.root, "2.22.0") is None
     with open(os.path.join(fake_build.root, "cc", "smb", "a.h"), "a") as f:
         f.write("// changed\n")
+    assert op_library.installed_library(fake_build.root, "2.21.0") is None
+    # Built without MPI while Open MPI's development files are there now: not
+    # this library (it could not join nodes); the cache gets one with MPI.
+    with open(os.path.join(fake_build.root, "cc", "smb", "a.h"), "w") as f:
+        f.write("// header\n")
+    monkeypatch.setenv("TF_SMB_WITH_MPI", "0")
+    op_library.compile_library(fake_build.root, library, fake_tf("2.21.0"))
+    assert op_library.read_build_record(library)["mpi"] == "0"
+    assert op_library.installed_library(fake_build.root, "2.21.0") == library
+    monkeypatch.setattr(op_library, "mpi_flags",
+                        lambda: (["-DTF_SMB_WITH_MPI"], ["-lmpi"]))
     assert op_library.installed_library(fake_build.root, "2.21.0") is None
     # No record (built before records existed): not trusted either.
     with open(library, "wb") as f:
