@@ -332,11 +332,13 @@ def reap_stale() -> List[str]:
     return reaped
 
 
-def run_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], timeout: float,
-                result_dir: str, env: Optional[Mapping[str, str]] = None) -> List[dict]:
+def launch_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], timeout: float,
+                   result_dir: str, env: Optional[Mapping[str, str]] = None
+                   ) -> Tuple[Launch, List[dict]]:
     """Runs `python args... --result_dir DIR` on per_node ranks of every node
-    (like harness.run_mpirun) and returns each rank's result file, by rank.
-    Fails naming every rank without a result, with its output."""
+    (like harness.run_mpirun); the launch (for the ranks' output) and each rank's
+    result file, by rank. Fails naming every rank without a result (every rank
+    when mpirun failed though all wrote one), with its output."""
     np_ = per_node * nodes.count
     launch = nodes.mpirun(np_, per_node, [sys.executable, *args, "--result_dir", result_dir],
                           timeout, env)
@@ -349,8 +351,14 @@ def run_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], timeo
         else:
             missing.append(rank)
     if launch.returncode != 0 or missing:
-        raise AssertionError(describe_failure(launch, missing))
-    return results
+        raise AssertionError(describe_failure(launch, missing or list(range(np_))))
+    return launch, results
+
+
+def run_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], timeout: float,
+                result_dir: str, env: Optional[Mapping[str, str]] = None) -> List[dict]:
+    """launch_workers' results alone."""
+    return launch_workers(nodes, per_node, args, timeout, result_dir, env)[1]
 
 
 def describe_failure(launch: Launch, ranks: Sequence[int]) -> str:

@@ -41,22 +41,8 @@ def node_of(rank):
 
 
 def launch_workers(nodes, args, timeout, result_dir):
-    """Like simnodes.run_workers, but also returns the launch (for the ranks'
-    output in failure messages)."""
-    launch = nodes.mpirun(WORLD, PER_NODE,
-                          [sys.executable, *args, "--result_dir", result_dir], timeout, ENV)
-    results, missing = [], []
-    for rank in range(WORLD):
-        path = os.path.join(result_dir, f"rank{rank}.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                results.append(json.load(f))
-        else:
-            missing.append(rank)
-    if launch.returncode != 0 or missing:
-        raise AssertionError(simnodes.describe_failure(
-            launch, missing or list(range(WORLD))))
-    return launch, results
+    """simnodes.launch_workers with this file's layout and environment."""
+    return simnodes.launch_workers(nodes, PER_NODE, args, timeout, result_dir, ENV)
 
 
 def launch_script(nodes, args, timeout):

@@ -132,10 +132,9 @@ def scenario_jit(strategy, a):
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-def scenario_mismatch(strategy, a):
-    """Ranks disagree on a shape; then every later collective fails at once
-    with that same error (the job never pairs later collectives wrongly)."""
-    n = 3 + tf_smb.rank()
+def mismatched_allreduce(n):
+    """An all-reduce of float32[n] (ranks disagree on n), then a later one: the
+    errors each raised and how long the later one took."""
     out = {}
     try:
         tf_smb.allreduce([tf.ones([n])])
@@ -150,26 +149,18 @@ def scenario_mismatch(strategy, a):
         out["later_error"] = e.message
     out["later_seconds"] = time.monotonic() - start
     return out
+
+
+def scenario_mismatch(strategy, a):
+    """Ranks disagree on a shape; then every later collective fails at once
+    with that same error (the job never pairs later collectives wrongly)."""
+    return mismatched_allreduce(3 + tf_smb.rank())
 
 
 def scenario_mismatch_halves(strategy, a):
     """The first half of the ranks (node 0 of two) calls float32[3], the other
     half float32[4]: only ranks on different nodes disagree."""
-    n = 3 + 2 * tf_smb.rank() // tf_smb.size()
-    out = {}
-    try:
-        tf_smb.allreduce([tf.ones([n])])
-        out["shape_error"] = None
-    except tf.errors.InvalidArgumentError as e:
-        out["shape_error"] = e.message
-    start = time.monotonic()
-    try:
-        tf_smb.allreduce([tf.ones([2])])
-        out["later_error"] = None
-    except tf.errors.InvalidArgumentError as e:
-        out["later_error"] = e.message
-    out["later_seconds"] = time.monotonic() - start
-    return out
+    return mismatched_allreduce(3 + 2 * tf_smb.rank() // tf_smb.size())
 
 
 def scenario_mismatch_dtype(strategy, a):
