@@ -68,8 +68,8 @@ WORLD = 2 * PER_NODE
 # name -> (label, tc rate or None, rate in bit/s or None)
 LINKS: Dict[str, Tuple[str, Optional[str], Optional[float]]] = {
     "unshaped": ("unshaped veth", None, None),
-    "10gbit": ("10 Gbit/s, 20 us", "10gbit", 10e9),
-    "5gbit": ("5 Gbit/s, 20 us", "5gbit", 5e9),
+    "10gbit": ("10 Gbit/s", "10gbit", 10e9),
+    "5gbit": ("5 Gbit/s", "5gbit", 5e9),
 }
 DELAY = "20us"
 COMM = ("smb_sync", "horovod_mpi", "horovod_hier", "mwms", "smb_async")
@@ -101,6 +101,7 @@ class Job:
     outputs: List[str]
     reason: str
     seconds: float
+    load: float = dataclasses.field(default_factory=lambda: os.getloadavg()[0])  # at the end
 
 
 # =========================================================================== the nodes
@@ -265,7 +266,8 @@ def comm_cells(strategy: str, job: Job, models: Sequence[str]) -> Dict[Tuple[str
             cells[(model, name)] = Cell(1e3 * statistics.median(times), detail={
                 "times_s": [r["times_s"] for r in sorted(rs, key=lambda r: r["rank"])],
                 "link": link_bytes(first[0]), "bytes": first[0]["bytes"],
-                "home_bytes": first[0].get("home_bytes"), "job_s": job.seconds})
+                "home_bytes": first[0].get("home_bytes"), "job_s": job.seconds,
+                "load_1min": job.load})
     return cells
 
 
@@ -284,7 +286,8 @@ def fit_cells(strategy: str, job: Job, models: Sequence[str]) -> Dict[Tuple[str,
             cells[(model, strategy)] = Cell(sps, detail={
                 "epoch_s": epoch_s, "epochs_timed": timed,
                 "ranks_epoch_s": [r["epoch_s"] for r in rs],
-                "median_step_s": [r["median_step_s"] for r in rs], "job_s": job.seconds})
+                "median_step_s": [r["median_step_s"] for r in rs], "job_s": job.seconds,
+                "load_1min": job.load})
         else:
             cells[(model, strategy)] = Cell(None, failure_reason(job.reason or "no result line",
                                                                   job.outputs))
@@ -311,7 +314,7 @@ def target_rows(links: Sequence[str], models: Sequence[str], link_info: Dict[str
     for link in links:
         gbit = link_info[link].get("floor_gbit")
         for model in models:
-            where = f"{model}, {LINKS[link][0]}"
+            where = f"{model}, {link_info[link]['label']}"
             get = lambda s: comm.get((link, model, s), Cell(None, "not measured"))  # noqa: E731
             smb, flat, hier, asy = (get("smb_sync"), get("horovod_mpi"), get("horovod_hier"),
                                     get("smb_async"))
@@ -378,7 +381,8 @@ def target_rows(links: Sequence[str], models: Sequence[str], link_info: Dict[str
     return rows
 
 
-def plot(path: pathlib.Path, links: Sequence[str], models: Sequence[str],
+def plot(path: pathlib.Path, links: Sequence[str], labels: Dict[str, str],
+         models: Sequence[str],
          comm: Dict[Tuple[str, str, str], Cell], floors: Dict[Tuple[str, str], Optional[float]],
          fit: Dict[Tuple[str, str, str], Cell], fit_models: Sequence[str],
          model_bytes: Dict[str, int]) -> None:
@@ -405,11 +409,10 @@ def plot(path: pathlib.Path, links: Sequence[str], models: Sequence[str],
                           label=LABELS["floor"] if j == 0 else None)
         ax.set_yscale("log")
         ax.set_xticks(range(len(links)))
-        ax.set_xticklabels([LINKS[l][0] for l in links], fontsize=8)
+        ax.set_xticklabels([labels[l] for l in links], fontsize=8)
         ax.set_title(f"{model} all-reduce / async step ({model_bytes[model] / 2**20:.0f} MB)")
         ax.set_ylabel("ms per step (log, lower is better)")
         ax.grid(True, axis="y", which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
     if fit_models:
         ax = axes[0][-1]
         series = [(m, s) for m in fit_models for s in FIT]
@@ -422,13 +425,18 @@ def plot(path: pathlib.Path, links: Sequence[str], models: Sequence[str],
                        hatch="//" if m == "cnn" else None, edgecolor="white",
                        label=f"{LABELS[s]}, {m}" if j == 0 else None)
         ax.set_xticks(range(len(links)))
-        ax.set_xticklabels([LINKS[l][0] for l in links], fontsize=8)
+        ax.set_xticklabels([labels[l] for l in links], fontsize=8)
         ax.set_title("model.fit throughput (higher is better)")
         ax.set_ylabel("samples/s")
         ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+    handles: Dict[str, object] = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=5,
+               fontsize=8, frameon=False)
     fig.suptitle(f"2 simulated nodes x {PER_NODE} workers, across a veth link")
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -492,6 +500,8 @@ def run(args: argparse.Namespace) -> int:
         for link in links:
             label, rate, bits = LINKS[link]
             applied, note = shape(nodes, rate)
+            if rate and not note:
+                label += f", {DELAY} delay"
             measured = measure_link(nodes, env, args.link_seconds, port)
             port += 10
             floor_gbit = bits / 1e9 if bits else measured["one_way_gbit"]
@@ -551,7 +561,7 @@ def run(args: argparse.Namespace) -> int:
                     .replace("  ", " ") for (m, s), c in cells.items())
                     + "".join(f", fit {m} {fmt(c.value, '.0f')} samples/s"
                               for (m, _), c in fcells.items())
-                    + f"  ({time.perf_counter() - t0:.0f} s)")
+                    + f"  ({time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.1f})")
     finally:
         try:
             unshape(nodes)
@@ -568,6 +578,7 @@ def report(args, out_dir, started, load, info, models, links, fit_models, sample
            model_bytes, link_info, comm, fit, failures, nodes_info) -> int:
     """Writes and prints the tables; 1 when a number is missing (smoke), not finite or
     not positive."""
+    labels = {l: link_info[l]["label"] for l in links}
     floors = {(l, m): floor_ms(model_bytes[m], link_info[l]["floor_gbit"])
               for l in links for m in models}
     csv_rows: List[List[object]] = []
@@ -586,7 +597,7 @@ def report(args, out_dir, started, load, info, models, links, fit_models, sample
         f"{info.get('horovod', 'n/a')}. Two network namespaces joined by a veth pair, a "
         f"private /dev/shm each, mpirun across them (tests/simnodes.py); {WORLD} workers on "
         f"{info.get('cpus')} cores. Command: `python -m benchmarks.nodes "
-        f"{' '.join(sys.argv[1:])}`."]
+        f"{'--smoke ' if args.smoke else ''}--out_dir {args.out_dir}`."]
 
     # The link.
     rows = []
@@ -614,14 +625,14 @@ def report(args, out_dir, started, load, info, models, links, fit_models, sample
     for l in links:
         for m in models:
             cells = [comm.get((l, m, s), Cell(None, "not run")) for s in COMM]
-            rows.append([LINKS[l][0], m, f"{model_bytes[m] / 2**20:.4g}", fmt(floors[(l, m)]),
+            rows.append([labels[l], m, f"{model_bytes[m] / 2**20:.4g}", fmt(floors[(l, m)]),
                          *(fmt(c.value) for c in cells)])
             g = {s: comm.get((l, m, s), Cell()).value for s in COMM}
-            ratio_rows.append([LINKS[l][0], m, fmt(ratio(g["smb_sync"], floors[(l, m)]), ".2f"),
+            ratio_rows.append([labels[l], m, fmt(ratio(g["smb_sync"], floors[(l, m)]), ".2f"),
                                *(fmt(ratio(g[s], g["smb_sync"]), ".2f")
                                  for s in ("horovod_mpi", "horovod_hier", "mwms")),
                                fmt(ratio(g["horovod_mpi"], g["smb_async"]), ".2f")])
-            brow = [LINKS[l][0], m, f"{2 * model_bytes[m] / 2**20:.4g}"]
+            brow = [labels[l], m, f"{2 * model_bytes[m] / 2**20:.4g}"]
             for s, c in zip(COMM, cells):
                 lb = c.detail.get("link")
                 brow.append(f"{mb(lb['total'])} ({lb['total'] / (2 * model_bytes[m]):.2f}x)"
@@ -654,13 +665,30 @@ def report(args, out_dir, started, load, info, models, links, fit_models, sample
         "barriers' own bytes included). Async: one step = one step of each of the "
         f"{WORLD} workers.")
 
+    # The machine's load at the end of each job (it is shared: another's load slows
+    # every strategy's steps, unevenly).
+    loads = []
+    for l in links if any("load_1min" in c.detail for c in comm.values()) else ():
+        row = [labels[l]]
+        for s in COMM[:-1]:
+            c = next((c for (l2, _, s2), c in comm.items() if l2 == l and s2 == s
+                      and "load_1min" in c.detail), None)
+            row.append(fmt(c.detail["load_1min"], ".1f") if c else "n/a")
+        loads.append(row)
+    if loads:
+        sections.append(
+            "### Load average (1 min) at the end of each job\n\n"
+            + markdown(["link", *(LABELS[s] for s in COMM[:-1])], loads) + "\n\n"
+            f"{WORLD} workers on {info.get('cpus')} cores; above {WORLD}, other processes "
+            "(this machine is shared) competed for the cores during the job.")
+
     # Fit.
     if fit_models:
         rows = []
         for l in links:
             for m in fit_models:
                 a, b = (fit.get((l, m, s), Cell(None, "not run")) for s in FIT)
-                rows.append([LINKS[l][0], m, fmt(a.value, ".0f"), fmt(b.value, ".0f"),
+                rows.append([labels[l], m, fmt(a.value, ".0f"), fmt(b.value, ".0f"),
                              fmt(ratio(a.value, b.value), ".2f")])
                 for s, c in zip(FIT, (a, b)):
                     csv_row("fit", l, m, LABELS[s], "samples_per_s", c.value, "samples/s",
@@ -706,7 +734,8 @@ def report(args, out_dir, started, load, info, models, links, fit_models, sample
         "floors_ms": [{"link": l, "model": m, "ms": v} for (l, m), v in floors.items()],
         "comm": cells_json(comm), "fit": cells_json(fit), "targets": targets,
         "failures": [{"what": w, "reason": r, "output": e} for w, r, e in failures]}, indent=1))
-    plot(out_dir / "nodes.png", links, models, comm, floors, fit, fit_models, model_bytes)
+    plot(out_dir / "nodes.png", links, labels, models, comm, floors, fit, fit_models,
+         model_bytes)
 
     # Every number reported must be finite and positive; in a smoke run the required
     # strategies must have numbers.
@@ -722,6 +751,35 @@ def report(args, out_dir, started, load, info, models, links, fit_models, sample
     return 0
 
 
+def report_from(path: str, out_dir: str) -> int:
+    """The tables, CSV and plot again, from a run's nodes.json, into `out_dir`."""
+    data = json.loads(pathlib.Path(path).read_text())
+    args = argparse.Namespace(**data["args"])
+    links = common.split_list(args.links, "")
+    link_info = data["links"]
+    for l in links:  # runs before the labels said whether the delay was applied
+        if link_info[l].get("note") and link_info[l]["label"].endswith(", 20 us"):
+            link_info[l]["label"] = LINKS[l][0]
+
+    def cells(items):
+        out = {}
+        for item in items:
+            item = dict(item)
+            key = tuple(item.pop("key"))
+            out[key] = Cell(item.pop("value"), item.pop("reason"), detail=item)
+        return out
+
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    samples = {k: int(v) for k, _, v in (x.partition(":") for x in args.samples.split(","))}
+    return report(args, out, data["started"], data["load"], data["probe"],
+                  common.split_list(args.models, ""), links,
+                  common.split_list(args.fit_models, ""), samples, data["model_bytes"],
+                  link_info, cells(data["comm"]), cells(data["fit"]),
+                  [(f["what"], f["reason"], f["output"]) for f in data["failures"]],
+                  data.get("nodes", {}))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.nodes",
                                      description=__doc__.split("\n\n")[0])
@@ -731,7 +789,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for key, value in FULL.items():
         parser.add_argument(f"--{key}", type=type(value), default=None,
                             help=f"default {value}; smoke {SMOKE[key]}")
+    parser.add_argument("--report_from", default="", help="a run's nodes.json: write its "
+                        "tables, CSV and plot again into --out_dir (nothing is measured)")
     args = parser.parse_args(argv)
+    if args.report_from:
+        return report_from(args.report_from, args.out_dir)
     for key, value in (SMOKE if args.smoke else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
