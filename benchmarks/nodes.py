@@ -499,11 +499,28 @@ def run(args: argparse.Namespace) -> int:
     try:
         for link in links:
             label, rate, bits = LINKS[link]
-            applied, note = shape(nodes, rate)
+            try:
+                applied, note = shape(nodes, rate)
+                measured = measure_link(nodes, env, args.link_seconds, port)
+            except (RuntimeError, OSError, subprocess.SubprocessError,
+                    simnodes.NodesTimeout) as e:
+                # A link that cannot be shaped or measured: its cells read n/a, the run
+                # goes on with the next shape.
+                why = f"link {label}: {type(e).__name__}: {e}"
+                link_info[link] = {"label": label, "qdisc": "n/a", "note": why,
+                                   "floor_gbit": None, "one_way_gbit": None,
+                                   "both_ways_gbit": None, "rtt_us": None}
+                for m in models:
+                    for strategy in COMM:
+                        comm[(link, m, strategy)] = Cell(None, why)
+                for m in fit_models:
+                    for strategy in FIT:
+                        fit[(link, m, strategy)] = Cell(None, why)
+                log(why)
+                continue
+            port += 10
             if rate and not note:
                 label += f", {DELAY} delay"
-            measured = measure_link(nodes, env, args.link_seconds, port)
-            port += 10
             floor_gbit = bits / 1e9 if bits else measured["one_way_gbit"]
             link_info[link] = {"label": label, "qdisc": applied, "note": note,
                                "floor_gbit": floor_gbit, **measured}
@@ -606,9 +623,11 @@ def report(args, out_dir, started, load, info, models, links, fit_models, sample
         rows.append([li["label"], li["qdisc"], fmt(li["one_way_gbit"], ".3g"),
                      fmt(li["both_ways_gbit"], ".3g"), fmt(li["rtt_us"], ".0f"),
                      fmt(li["floor_gbit"], ".3g")])
-        csv_row("link", l, "", "tcp", "one_way_gbit_s", li["one_way_gbit"], "Gbit/s")
-        csv_row("link", l, "", "tcp", "both_ways_gbit_s", li["both_ways_gbit"], "Gbit/s")
-        csv_row("link", l, "", "tcp", "rtt_us", li["rtt_us"], "us")
+        csv_row("link", l, "", "tcp", "one_way_gbit_s", li["one_way_gbit"], "Gbit/s",
+                li["note"])
+        csv_row("link", l, "", "tcp", "both_ways_gbit_s", li["both_ways_gbit"], "Gbit/s",
+                li["note"])
+        csv_row("link", l, "", "tcp", "rtt_us", li["rtt_us"], "us", li["note"])
     notes = sorted({link_info[l]["note"] for l in links if link_info[l]["note"]})
     sections.append(
         "## The link\n\n" + markdown(["link", "qdisc (both ends)", "one stream one way Gbit/s",
@@ -641,7 +660,8 @@ def report(args, out_dir, started, load, info, models, links, fit_models, sample
                 csv_row("comm", l, m, LABELS[s], "link_MB_per_step",
                         lb["total"] / 2**20 if lb else None, "MB", c.reason)
             byte_rows.append(brow)
-            csv_row("comm", l, m, "floor", "ms_per_step", floors[(l, m)], "ms")
+            csv_row("comm", l, m, "floor", "ms_per_step", floors[(l, m)], "ms",
+                    link_info[l]["note"])
     sections.append(
         "## All-reduce and async step across the nodes (ms per step)\n\n"
         + markdown(header, rows) + "\n\n"
