@@ -247,6 +247,21 @@ class SimulatedNodes:
             time.sleep(0.05)
         return [f"{pid} {cmd}" for pid, cmd in killed.items()]
 
+    def kill_in_node(self, node: int, match: str) -> List[int]:
+        """SIGKILLs the processes of node `node` whose command line contains
+        `match` (a node dying, while mpirun in node 0 lives on); their pids."""
+        holder_link = os.readlink(f"/proc/{self.holder_pids[node]}/ns/net")
+        killed = []
+        for pid, cmd in self.processes():
+            try:
+                if os.readlink(f"/proc/{pid}/ns/net") != holder_link or match not in cmd:
+                    continue
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except (OSError, ProcessLookupError):
+                pass
+        return killed
+
     # --- running commands ---------------------------------------------------
 
     def start(self, node: int, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,

@@ -8,7 +8,9 @@ versions: test_async.py)."""
 import json
 import os
 import re
+import signal
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -180,3 +182,64 @@ def test_staleness_bound_and_final_values_across_nodes(nodes):
         assert res["weights_sum"] == results[0]["weights_sum"], (
             f"rank {rank} ended with weights summing to {res['weights_sum']}, rank 0 with "
             f"{results[0]['weights_sum']}: {results}{output_of(launch, rank)}")
+
+
+def test_survivors_finish_when_a_node_is_lost(nodes, tmp_path):
+    # mpirun --enable-recovery lets node 0's ranks run on when node 1's die.
+    # Every rank holds at the start of epoch 1; the test kills node 1's two
+    # workers, then lets the others go. Node 0's ranks find the lost ranks by
+    # their silence (10 s), move the segments homed on node 1 into node 0's
+    # box from the values they last read (saying so), and finish training:
+    # ≥ 0.90, with the same final weights on both survivors.
+    run = nodes.start_mpirun(WORLD, PER_NODE,
+                             [sys.executable, DIGITS, "--epochs", "12", "--kill_epoch", "1",
+                              "--marker_dir", str(tmp_path)],
+                             env={"TF_SMB_TIMEOUT": "300"},
+                             extra_mca=[("orte_enable_recovery", "1")])
+    output = ""
+    try:
+        deadline = time.time() + 300
+        while not all((tmp_path / f"held{r}").exists() for r in range(WORLD)):
+            assert time.time() < deadline and run.proc.poll() is None, (
+                "training never reached epoch 1: " + _early_output(run))
+            time.sleep(0.5)
+        killed = nodes.kill_in_node(1, "digits_async")
+        assert len(killed) == PER_NODE, killed
+        (tmp_path / "go").touch()
+        survivors = range(PER_NODE)  # node 0
+        deadline = time.time() + 300
+        while not all((tmp_path / f"rank{r}.json").exists() for r in survivors):
+            assert time.time() < deadline, "the survivors did not finish within 300 s"
+            time.sleep(0.5)
+        # And exit (mpirun itself does not end after losing ranks: killed below).
+        deadline = time.time() + 60
+        while [cmd for _, cmd in nodes.processes() if cmd.startswith(sys.executable)]:
+            assert time.time() < deadline, f"survivors still running: {nodes.processes()}"
+            time.sleep(0.5)
+    finally:
+        nodes.kill_processes()
+        try:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = run.proc.communicate(timeout=30)
+        output = (out or "") + (err or "")
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in survivors]
+    for rank, res in zip(survivors, results):
+        said = "".join(line for line in output.splitlines(keepends=True)
+                       if line.startswith(f"[1,{rank}]"))
+        assert re.search(r"rank\(s\) [23] \(node 1\).* lost .*goes on without them", said), (
+            f"rank {rank} did not name the lost ranks:\n{said[-3000:]}")
+        moved = re.search(r"node\(s\) 1 lost, with its box: its (\d+) segment\(s\) .* live on "
+                          r"node\(s\) 0 now, restarted from the values rank \d last read", said)
+        assert moved and int(moved.group(1)) >= 1, (
+            f"rank {rank} did not say which segments it moved:\n{said[-3000:]}")
+        assert res["accuracy"] >= 0.90, f"rank {rank}: {res}"
+        assert res["weights_sum"] == results[0]["weights_sum"], results
+
+
+def _early_output(run):
+    if run.proc.poll() is None:
+        return "(mpirun still running)"
+    out, err = run.proc.communicate(timeout=30)
+    return (out or "")[-3000:] + (err or "")[-3000:]

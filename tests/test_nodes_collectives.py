@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
@@ -107,16 +106,7 @@ def test_survivors_fail_naming_the_ranks_of_a_lost_node(nodes, tmp_path):
         while not all((tmp_path / f"started{r}").exists() for r in range(4)):
             assert time.time() < deadline and run.proc.poll() is None, "training never started"
             time.sleep(0.5)
-        killed = []
-        for pid in subprocess.run(["ip", "netns", "pids", nodes.netns[1]], capture_output=True,
-                                  text=True, timeout=30).stdout.split():
-            try:
-                with open(f"/proc/{pid}/cmdline") as f:
-                    if "lost_node_worker" in f.read():
-                        os.kill(int(pid), signal.SIGKILL)
-                        killed.append(pid)
-            except (OSError, ProcessLookupError):
-                pass
+        killed = nodes.kill_in_node(1, "lost_node_worker")
         assert len(killed) == 2, killed
         kill_time = time.time()
         while not all((tmp_path / f"rank{r}.json").exists() for r in range(2)):

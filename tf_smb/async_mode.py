@@ -299,8 +299,7 @@ class AsyncEngine:
         then loads the box's final values."""
         smb_ops.clock_finish(True)
         smb_ops.wait_all_finished()
+        # Across nodes no barrier follows: the others may still read segments
+        # homed on this node, and its link serves them until every rank exits,
+        # also when a node was lost (a barrier would fail then).
         self.refresh()
-        if self._job.spans_nodes:
-            # Across nodes a rank serves the segments homed on its node: none
-            # goes on before every rank has read the final values.
-            self._collectives.barrier()

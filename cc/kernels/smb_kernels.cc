@@ -408,9 +408,9 @@ class SmbSegmentCreateOp : public OpKernel {
     std::shared_ptr<smb::Communicator> comm;
     smb::SegmentTable* segments = nullptr;
     OP_REQUIRES_OK(c, SmbContext::Get().Segments(&comm, &segments));
-    OP_REQUIRES_OK(c, ToTfStatus(segments->Create(
-                          name_, dtype, shape, write_ ? value.tensor_data().data() : nullptr,
-                          comm->timeout_s())));
+    OP_REQUIRES_OK(c, ToTfStatus(segments->Create(name_, dtype, shape,
+                                                  value.tensor_data().data(), write_,
+                                                  comm->timeout_s())));
   }
 
  private:

@@ -263,7 +263,8 @@ Status Box::LockTable() {
 void Box::UnlockTable() { pthread_mutex_unlock(&header_->table_lock); }
 
 Status Box::CreateSegment(const std::string& name, DType dtype,
-                          const std::vector<int64_t>& shape, uint64_t* key) {
+                          const std::vector<int64_t>& shape, uint64_t* key,
+                          const void* initial) {
   if (name.empty() || name.size() >= kSegmentNameBytes) {
     return InvalidArgument("segment name must have 1 to " +
                            std::to_string(kSegmentNameBytes - 1) +
@@ -329,6 +330,7 @@ Status Box::CreateSegment(const std::string& name, DType dtype,
     UnlockTable();  // the heap bytes stay taken; the slot stays unpublished
     return locked;
   }
+  if (initial != nullptr && bytes != 0) std::memcpy(base() + offset, initial, bytes);
   h->segment_count = index + 1;  // publish last
   *key = e.key;
   UnlockTable();

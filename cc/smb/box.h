@@ -125,9 +125,11 @@ class Box {
   void Unlink();
 
   // Segment table. Create returns the creation key that Attach takes; creating
-  // an existing name with the same dtype and shape returns its key.
+  // an existing name with the same dtype and shape returns its key. A new
+  // segment holds `initial` (its bytes) before any rank can see it, else zeros.
   Status CreateSegment(const std::string& name, DType dtype,
-                       const std::vector<int64_t>& shape, uint64_t* key);
+                       const std::vector<int64_t>& shape, uint64_t* key,
+                       const void* initial = nullptr);
   Status LookupSegment(const std::string& name, uint64_t* key);
   Status AttachSegment(uint64_t key, DType dtype,
                        const std::vector<int64_t>& shape, Segment* out);

@@ -91,7 +91,9 @@ Communicator::Communicator(Token, std::shared_ptr<Peers> peers, std::shared_ptr<
   if (p == nullptr || p->box() == nullptr) return;
   segments_ = std::make_shared<SegmentTable>(group_.shared_peers(), group_.link());
   if (NodeLink* l = group_.link()) {
-    // This rank serves its counterparts on other nodes the segments homed here.
+    // This rank serves its counterparts on other nodes the segments homed
+    // here, until the link stops at exit (when every rank is leaving), even
+    // after this communicator is gone: the server keeps the table and box.
     std::shared_ptr<SegmentTable> table = segments_;
     l->SetSegmentServer([table](const SegmentRequest& request, const void* payload,
                                 size_t bytes, std::vector<char>* reply) {
@@ -100,9 +102,7 @@ Communicator::Communicator(Token, std::shared_ptr<Peers> peers, std::shared_ptr<
   }
 }
 
-Communicator::~Communicator() {
-  if (NodeLink* l = group_.link()) l->SetSegmentServer(nullptr);
-}
+Communicator::~Communicator() = default;
 
 Status Communicator::AllReduceSum(const std::vector<TensorRef>& tensors) {
   return smb::AllReduceSum(group_, tensors);

@@ -112,6 +112,17 @@ class NodeLink {
   // from yet is at step 0, training).
   virtual std::vector<RemoteClock> RemoteClocks() const = 0;
 
+  // ---- Lost ranks (the asynchronous mode) ----
+  // A rank of another node that sends nothing for a while is lost (its node
+  // died or was cut off). By default that fails the job. After this call it
+  // does not: the lost ranks count as finished, segment calls go to a live
+  // rank of the home node, calls to a node whose every rank is lost fail at
+  // once (SegmentTable then moves its segments), and only collectives across
+  // nodes fail.
+  virtual void KeepGoingWithoutLostRanks() = 0;
+  // Whether every rank of `node` is lost.
+  virtual bool NodeLost(int node) const = 0;
+
   // ---- Failure ----
   // Tells every other rank of the job that the job failed.
   virtual void SendFailure(const Status& failure) = 0;

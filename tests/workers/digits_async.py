@@ -1,5 +1,8 @@
 """keras_digits' data and model under SMBStrategy(mode="async"), with hooks
-for tests: slow one rank down, or kill one mid-epoch. Prints a JSON line."""
+for tests: slow one rank down, kill one mid-epoch, or (--marker_dir) hold
+every rank at the start of epoch --kill_epoch until the test has killed a node
+and writes <marker_dir>/go. Prints a JSON line (and writes it to
+<marker_dir>/rank<r>.json)."""
 import argparse
 import json
 import os
@@ -25,6 +28,7 @@ def main():
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--kill_rank", type=int, default=-1)
     p.add_argument("--kill_epoch", type=int, default=1)
+    p.add_argument("--marker_dir", default="")
     a = p.parse_args()
     keras.utils.set_random_seed(0)
     strategy = tf_smb.SMBStrategy(mode="async", staleness=a.staleness, update=a.update,
@@ -43,6 +47,14 @@ def main():
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
+            if a.marker_dir and epoch == a.kill_epoch:
+                with open(os.path.join(a.marker_dir, f"held{rank}"), "w"):
+                    pass
+                deadline = time.time() + 300
+                while not os.path.exists(os.path.join(a.marker_dir, "go")):
+                    if time.time() > deadline:
+                        raise TimeoutError(f"rank {rank}: no {a.marker_dir}/go within 300 s")
+                    time.sleep(0.1)
 
         def on_train_end(self, logs=None):
             self.own_seconds = time.time() - start  # before waiting for the others
@@ -58,12 +70,15 @@ def main():
     model.fit(train, epochs=a.epochs, verbose=0, callbacks=[hooks])
     res = model.evaluate(data.x_test, data.y_test, batch_size=128, verbose=0,
                          return_dict=True)
-    print(json.dumps({"rank": rank, "accuracy": res["accuracy"], "seconds": hooks.own_seconds,
-                      "steps": int(strategy.extended.steps.numpy()),
-                      "max_gap": int(strategy.extended.max_clock_gap.numpy()),
-                      "weights_sum": float(sum(float(tf.reduce_sum(w))
-                                               for w in model.trainable_variables))}),
-          flush=True)
+    line = json.dumps({"rank": rank, "accuracy": res["accuracy"], "seconds": hooks.own_seconds,
+                       "steps": int(strategy.extended.steps.numpy()),
+                       "max_gap": int(strategy.extended.max_clock_gap.numpy()),
+                       "weights_sum": float(sum(float(tf.reduce_sum(w))
+                                                for w in model.trainable_variables))})
+    print(line, flush=True)
+    if a.marker_dir:
+        with open(os.path.join(a.marker_dir, f"rank{rank}.json"), "w") as f:
+            f.write(line)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 #include "cc/smb/segment/segment_table.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 
 #include "cc/smb/tensor.h"
 
@@ -20,85 +22,210 @@ std::string Describe(DType dtype, const std::vector<int64_t>& shape) {
 }  // namespace
 
 SegmentTable::SegmentTable(std::shared_ptr<Peers> peers, NodeLink* link)
-    : peers_(std::move(peers)), link_(link), node_bytes_(link ? link->nodes() : 1, 0) {}
+    : peers_(std::move(peers)),
+      link_(link),
+      node_bytes_(link ? link->nodes() : 1, 0),
+      moved_from_(link ? link->nodes() : 1, false) {}
 
 Status SegmentTable::Create(const std::string& name, DType dtype,
-                            const std::vector<int64_t>& shape, const void* value,
+                            const std::vector<int64_t>& shape, const void* value, bool write,
                             double timeout_s) {
-  int home = 0;
+  if (link_ != nullptr) link_->KeepGoingWithoutLostRanks();  // see the top
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = placed_.find(name);
-    if (it != placed_.end()) {
-      home = it->second.home;
-    } else {
-      home = static_cast<int>(std::min_element(node_bytes_.begin(), node_bytes_.end()) -
-                              node_bytes_.begin());
+    if (it == placed_.end()) {
+      const int home = static_cast<int>(
+          std::min_element(node_bytes_.begin(), node_bytes_.end()) - node_bytes_.begin());
       node_bytes_[home] += Bytes(dtype, shape);
       placed_[name] = {home, dtype, shape};
+      order_.push_back(name);
+      if (Remote(home) && value != nullptr) KeepCopy(name, value, Bytes(dtype, shape));
     }
   }
-  if (link_ == nullptr || home == link_->node()) {
-    Segment segment;
-    SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
-    return value == nullptr ? Status::Ok() : AssignSegment(segment, value);
+  for (int attempt = 0;; ++attempt) {
+    int home = 0;
+    SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
+    if (!Remote(home)) {
+      Segment segment;
+      SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
+      return write && value != nullptr ? AssignSegment(segment, value) : Status::Ok();
+    }
+    if (!write || value == nullptr) return Status::Ok();  // the writer creates it at home
+    SegmentRequest request;
+    request.kind = SegmentRequest::Kind::kCreate;
+    request.name = name;
+    request.dtype = dtype;
+    request.shape = shape;
+    request.write = true;
+    Status created = link_->CallSegmentServer(home, request, value, Bytes(dtype, shape), nullptr,
+                                              0, timeout_s);
+    if (!RetryAfterLoss(created, attempt)) return created;
   }
-  if (value == nullptr) return Status::Ok();  // the writer creates it at home
-  SegmentRequest request;
-  request.kind = SegmentRequest::Kind::kCreate;
-  request.name = name;
-  request.dtype = dtype;
-  request.shape = shape;
-  request.write = true;
-  return link_->CallSegmentServer(home, request, value, Bytes(dtype, shape), nullptr, 0,
-                                  timeout_s);
 }
 
 Status SegmentTable::Read(const std::string& name, DType dtype,
                           const std::vector<int64_t>& shape, ReadMode mode, void* dst,
                           double timeout_s) {
-  int home = 0;
-  SMB_RETURN_IF_ERROR(Placed(name, dtype, shape, &home));
-  if (link_ == nullptr || home == link_->node()) {
-    Segment segment;
-    SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
-    return ReadSegment(segment, dst, mode);
+  for (int attempt = 0;; ++attempt) {
+    int home = 0;
+    SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
+    if (!Remote(home)) {
+      Segment segment;
+      SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
+      return ReadSegment(segment, dst, mode);
+    }
+    SegmentRequest request;
+    request.kind = SegmentRequest::Kind::kRead;
+    request.name = name;
+    request.dtype = dtype;
+    request.shape = shape;
+    request.consistent = mode == ReadMode::kConsistent;
+    const size_t bytes = Bytes(dtype, shape);
+    Status read = link_->CallSegmentServer(home, request, nullptr, 0, dst, bytes, timeout_s);
+    if (read.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      KeepCopy(name, dst, bytes);
+      return read;
+    }
+    if (!RetryAfterLoss(read, attempt)) return read;
   }
-  SegmentRequest request;
-  request.kind = SegmentRequest::Kind::kRead;
-  request.name = name;
-  request.dtype = dtype;
-  request.shape = shape;
-  request.consistent = mode == ReadMode::kConsistent;
-  return link_->CallSegmentServer(home, request, nullptr, 0, dst, Bytes(dtype, shape), timeout_s);
 }
 
 Status SegmentTable::Update(const std::string& name, DType dtype,
                             const std::vector<int64_t>& shape, const UpdateOptions& options,
                             const void* update, double learning_rate, double timeout_s) {
-  int home = 0;
-  SMB_RETURN_IF_ERROR(Placed(name, dtype, shape, &home));
-  if (link_ == nullptr || home == link_->node()) {
-    Segment segment;
-    SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
-    return UpdateLocal(name, segment, options, update, learning_rate);
+  for (int attempt = 0;; ++attempt) {
+    int home = 0;
+    SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
+    if (!Remote(home)) {
+      Segment segment;
+      SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
+      return UpdateLocal(name, segment, options, update, learning_rate);
+    }
+    SegmentRequest request;
+    request.kind = SegmentRequest::Kind::kUpdate;
+    request.name = name;
+    request.dtype = dtype;
+    request.shape = shape;
+    request.rule = static_cast<int32_t>(options.rule);
+    request.momentum = options.momentum;
+    request.learning_rate = learning_rate;
+    Status updated = link_->CallSegmentServer(home, request, update, Bytes(dtype, shape),
+                                              nullptr, 0, timeout_s);
+    if (!RetryAfterLoss(updated, attempt)) return updated;
   }
-  SegmentRequest request;
-  request.kind = SegmentRequest::Kind::kUpdate;
-  request.name = name;
-  request.dtype = dtype;
-  request.shape = shape;
-  request.rule = static_cast<int32_t>(options.rule);
-  request.momentum = options.momentum;
-  request.learning_rate = learning_rate;
-  return link_->CallSegmentServer(home, request, update, Bytes(dtype, shape), nullptr, 0,
-                                  timeout_s);
+}
+
+bool SegmentTable::RetryAfterLoss(const Status& call, int attempt) const {
+  // A call whose server was lost ends with kAborted while the job runs on:
+  // the next attempt goes to another rank of that node, or to the segment's
+  // new home once the whole node is lost.
+  return !call.ok() && call.code() == Code::kAborted && attempt < kMaxAttempts &&
+         link_->Failure().ok();
 }
 
 int SegmentTable::Home(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = placed_.find(name);
   return it == placed_.end() ? -1 : it->second.home;
+}
+
+Status SegmentTable::CurrentHome(const std::string& name, DType dtype,
+                                 const std::vector<int64_t>& shape, double timeout_s,
+                                 int* home) {
+  SMB_RETURN_IF_ERROR(Placed(name, dtype, shape, home));
+  if (!Remote(*home) || !link_->NodeLost(*home)) return Status::Ok();
+  SMB_RETURN_IF_ERROR(MoveFromLostNodes(timeout_s));
+  return Placed(name, dtype, shape, home);
+}
+
+Status SegmentTable::MoveFromLostNodes(double timeout_s) {
+  std::lock_guard<std::mutex> moving(move_mu_);
+  const int nodes = link_->nodes();
+  std::vector<bool> lost(nodes, false);
+  bool news = false;
+  for (int n = 0; n < nodes; ++n) {
+    lost[n] = link_->NodeLost(n);
+    news = news || (lost[n] && !moved_from_[n]);
+  }
+  if (!news) return Status::Ok();  // another thread moved them
+  struct Move {
+    std::string name;
+    Placement placement;
+    std::vector<char> value;
+  };
+  std::vector<Move> moves;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& name : order_) {
+      Placement& p = placed_[name];
+      if (!lost[p.home]) continue;
+      // The next live node after the home, in node order: every rank gets
+      // the same answer, however the losses it saw were grouped.
+      int to = p.home;
+      do to = (to + 1) % nodes; while (lost[to]);
+      node_bytes_[p.home] -= Bytes(p.dtype, p.shape);
+      node_bytes_[to] += Bytes(p.dtype, p.shape);
+      p.home = to;
+      Move move{name, p, {}};
+      auto copy = copies_.find(name);
+      if (copy == copies_.end()) {
+        return Internal("rank " + std::to_string(link_->job_rank()) +
+                        " kept no copy of segment '" + name + "' to move it from a lost node");
+      }
+      if (Remote(to)) {
+        move.value = copy->second;
+      } else {
+        move.value.swap(copy->second);  // at home now: no copy to keep
+        copies_.erase(copy);
+      }
+      moves.push_back(std::move(move));
+    }
+  }
+  std::string from, to, names;
+  for (int n = 0; n < nodes; ++n) {
+    if (lost[n] && !moved_from_[n]) from += (from.empty() ? "" : ", ") + std::to_string(n);
+    moved_from_[n] = lost[n];
+  }
+  std::vector<bool> target(nodes, false);
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const Move& m = moves[i];
+    target[m.placement.home] = true;
+    if (i < 5) names += (i ? ", '" : "'") + m.name + "'";
+    // The first rank to arrive creates it from its copy; the others find it.
+    if (!Remote(m.placement.home)) {
+      Segment segment;
+      SMB_RETURN_IF_ERROR(Local(m.name, m.placement.dtype, m.placement.shape, &segment,
+                                m.value.data()));
+      continue;
+    }
+    SegmentRequest request;
+    request.kind = SegmentRequest::Kind::kCreate;
+    request.name = m.name;
+    request.dtype = m.placement.dtype;
+    request.shape = m.placement.shape;
+    request.write = false;
+    SMB_RETURN_IF_ERROR(link_->CallSegmentServer(m.placement.home, request, m.value.data(),
+                                                 m.value.size(), nullptr, 0, timeout_s));
+  }
+  for (int n = 0; n < nodes; ++n) {
+    if (target[n]) to += (to.empty() ? "" : ", ") + std::to_string(n);
+  }
+  if (moves.size() > 5) names += " and " + std::to_string(moves.size() - 5) + " more";
+  std::fprintf(stderr,
+               "tf_smb: rank %d: node(s) %s lost, with its box: its %zu segment(s) (%s) live on "
+               "node(s) %s now, restarted from the values rank %d last read; the updates they "
+               "took in since then are lost\n",
+               link_->job_rank(), from.c_str(), moves.size(), names.c_str(),
+               to.empty() ? "-" : to.c_str(), link_->job_rank());
+  return Status::Ok();
+}
+
+void SegmentTable::KeepCopy(const std::string& name, const void* value, size_t bytes) {
+  std::vector<char>& copy = copies_[name];
+  copy.resize(bytes);
+  if (bytes != 0) std::memcpy(copy.data(), value, bytes);
 }
 
 Status SegmentTable::Serve(const SegmentRequest& request, const void* payload,
@@ -111,10 +238,15 @@ Status SegmentTable::Serve(const SegmentRequest& request, const void* payload,
   Segment segment;
   switch (request.kind) {
     case SegmentRequest::Kind::kCreate:
-      SMB_RETURN_IF_ERROR(Local(request.name, request.dtype, request.shape, &segment));
-      if (!request.write) return Status::Ok();
-      if (payload_bytes != bytes) break;
-      return AssignSegment(segment, payload);
+      if (payload_bytes != 0 && payload_bytes != bytes) break;
+      if (request.write) {
+        if (payload_bytes != bytes) break;
+        SMB_RETURN_IF_ERROR(Local(request.name, request.dtype, request.shape, &segment));
+        return AssignSegment(segment, payload);
+      }
+      // Created from the payload unless it exists (a segment moved from a lost node).
+      return Local(request.name, request.dtype, request.shape, &segment,
+                   payload_bytes != 0 ? payload : nullptr);
     case SegmentRequest::Kind::kRead:
       SMB_RETURN_IF_ERROR(Local(request.name, request.dtype, request.shape, &segment));
       reply->resize(bytes);
@@ -156,7 +288,8 @@ Status SegmentTable::Placed(const std::string& name, DType dtype,
 }
 
 Status SegmentTable::Local(const std::string& name, DType dtype,
-                           const std::vector<int64_t>& shape, Segment* out) {
+                           const std::vector<int64_t>& shape, Segment* out,
+                           const void* initial) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = local_.find(name);
   if (it != local_.end()) {
@@ -170,7 +303,7 @@ Status SegmentTable::Local(const std::string& name, DType dtype,
   }
   Box* box = peers_->box();
   uint64_t key = 0;
-  SMB_RETURN_IF_ERROR(box->CreateSegment(name, dtype, shape, &key));
+  SMB_RETURN_IF_ERROR(box->CreateSegment(name, dtype, shape, &key, initial));
   SMB_RETURN_IF_ERROR(box->AttachSegment(key, dtype, shape, out));
   local_[name] = *out;
   return Status::Ok();

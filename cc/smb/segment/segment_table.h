@@ -8,8 +8,17 @@
 // whose requests Serve() applies to the box under the same locks, so remote
 // and local updates are never lost and reads are never torn.
 //
+// A node whose every rank is lost (NodeLink::NodeLost) takes its box with it.
+// The job goes on (the asynchronous mode survives lost nodes): each rank
+// moves the lost node's segments to the live nodes by the same rule, in
+// creation order, and recreates each one there from the value it last read
+// (kept for every segment homed on another node); the first rank to arrive
+// sets it. What the lost node's box took in after that is lost, and each rank
+// says so on stderr.
+//
 //   smb::SegmentTable table(peers, link);
-//   SMB_RETURN_IF_ERROR(table.Create("dense/kernel", DType::kFloat32, {4, 3}, initial));
+//   SMB_RETURN_IF_ERROR(table.Create("dense/kernel", DType::kFloat32, {4, 3}, initial,
+//                                    /*write=*/rank == 0, timeout_s));
 //   SMB_RETURN_IF_ERROR(table.Update("dense/kernel", DType::kFloat32, {4, 3},
 //                                    {UpdateRule::kDelta}, delta, 0.0, timeout_s));
 #ifndef TF_SMB_CC_SMB_SEGMENT_SEGMENT_TABLE_H_
@@ -36,9 +45,10 @@ class SegmentTable {
   SegmentTable(std::shared_ptr<Peers> peers, NodeLink* link);
 
   // Places `name` and creates it in its home box (or finds it there, when
-  // another rank of the home node created it); with `value`, writes it.
+  // another rank of the home node created it); `write`: sets it to `value`.
+  // `value` is this rank's copy either way (kept while the home is remote).
   Status Create(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-                const void* value, double timeout_s);
+                const void* value, bool write, double timeout_s);
   // dst = the segment's current value.
   Status Read(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
               ReadMode mode, void* dst, double timeout_s);
@@ -63,8 +73,20 @@ class SegmentTable {
   Status Placed(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                 int* home) const;
   // The segment in this node's box (created, or found and attached).
+  // `initial`: the bytes a segment this call creates starts with (else zeros).
   Status Local(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-               Segment* out);
+               Segment* out, const void* initial = nullptr);
+  // The segment's home now, after moving the segments of lost nodes.
+  Status CurrentHome(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                     double timeout_s, int* home);
+  // Moves the segments of nodes lost since the last call (see the top).
+  Status MoveFromLostNodes(double timeout_s);
+  bool Remote(int home) const { return link_ != nullptr && home != link_->node(); }
+  // Whether a call that ended with `call` on attempt `attempt` goes again.
+  bool RetryAfterLoss(const Status& call, int attempt) const;
+  static constexpr int kMaxAttempts = 3;
+  // Keeps `value` as this rank's last copy of remote segment `name` (mu_ held).
+  void KeepCopy(const std::string& name, const void* value, size_t bytes);
   Status UpdateLocal(const std::string& name, const Segment& segment,
                      const UpdateOptions& options, const void* update, double learning_rate);
 
@@ -72,7 +94,12 @@ class SegmentTable {
   NodeLink* link_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, Placement> placed_;
+  std::vector<std::string> order_;    // names in creation order
   std::vector<uint64_t> node_bytes_;  // segment bytes placed on each node
+  // The last value this rank read of each segment homed on another node.
+  std::unordered_map<std::string, std::vector<char>> copies_;
+  std::mutex move_mu_;                // one move at a time
+  std::vector<bool> moved_from_;      // nodes whose segments were moved (move_mu_)
   std::unordered_map<std::string, Segment> local_;
   std::unordered_map<std::string, std::unique_ptr<Updater>> updaters_;
 };

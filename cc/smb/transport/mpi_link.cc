@@ -24,6 +24,7 @@ Status StartMpiLink(const MpiLinkOptions&, std::shared_ptr<NodeLink>*) {
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -109,6 +110,7 @@ struct Op : LinkOp {
 struct PendingCall {
   void* reply;
   size_t reply_bytes;
+  int server;
   bool done = false;
   Status status;
 };
@@ -152,6 +154,14 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
     std::lock_guard<std::mutex> lock(mu_);
     return failure_;
   }
+  void KeepGoingWithoutLostRanks() override { keep_going_ = true; }
+  bool NodeLost(int node) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int local = 0; local < local_size_; ++local) {
+      if (!lost_[JobRank(node, local)]) return false;
+    }
+    return true;
+  }
 
  private:
   Status Setup(const MpiLinkOptions& options);  // on the thread
@@ -162,6 +172,11 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   Status Enqueue(const std::shared_ptr<Op>& op);
   Status Await(const Op& op, const std::string& what, double timeout_s);
   void SetFailure(const Status& failure);  // mu_ held
+  Status LostCollective() const {  // mu_ held
+    return Status(Code::kAborted, "rank " + std::to_string(rank_) +
+                                      ": a collective across nodes cannot run after rank(s) " +
+                                      lost_names_ + " were lost");
+  }
   // On the thread:
   bool Receive();
   void Offer(int node, const std::vector<uint64_t>& message);
@@ -211,7 +226,12 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   std::unordered_map<uint64_t, uint64_t> decided_;  // key -> decision number
   uint64_t decisions_made_ = 0;
   // Sends in flight (thread only), and sends other threads posted (mu_).
-  std::vector<std::pair<MPI_Request, std::shared_ptr<std::vector<char>>>> sends_;
+  struct Sending {
+    MPI_Request request;
+    int to;
+    std::shared_ptr<std::vector<char>> buffer;
+  };
+  std::vector<Sending> sends_;
   struct Outgoing {
     int to, tag;
     std::vector<char> bytes;
@@ -232,7 +252,16 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   std::vector<bool> left_;          // sent kTagLeaving
   double next_heartbeat_ = 0;
   std::atomic<bool> peers_lost_{false};  // a rank is gone: never MPI_Finalize
+  std::atomic<bool> keep_going_{false};  // see KeepGoingWithoutLostRanks
+  std::vector<bool> lost_;               // by job rank (mu_)
+  std::string lost_names_;               // "2 (node 1), 3 (node 1)" (mu_)
   void CheckLiveness(double now);
+  bool Lost(int rank) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return lost_[rank];
+  }
+  // Every other rank sent kTagLeaving or is lost (thread only).
+  bool OthersGone() const;
 };
 
 Status MpiLink::Begin(const MpiLinkOptions& options) {
@@ -323,6 +352,7 @@ Status MpiLink::Setup(const MpiLinkOptions& options) {
   }
   last_heard_.assign(world_, MonotonicSeconds());
   left_.assign(world_, false);
+  lost_.assign(world_, false);
   return Status::Ok();
 }
 
@@ -416,7 +446,7 @@ void MpiLink::Work(const MpiLinkOptions& options) {
     }
     for (size_t i = 0; i < sends_.size();) {
       int flag = 0;
-      const int rc = MPI_Test(&sends_[i].first, &flag, MPI_STATUS_IGNORE);
+      const int rc = MPI_Test(&sends_[i].request, &flag, MPI_STATUS_IGNORE);
       if (rc == MPI_SUCCESS && !flag) {
         ++i;
         continue;
@@ -448,8 +478,11 @@ void MpiLink::Work(const MpiLinkOptions& options) {
         sent_leaving_ = true;
         busy = true;
       }
-      const bool others_left = nodes_ == 1 || leaving_ == world_ - 1;
-      if (failed || (others_left && active_.empty() && sends_.empty())) break;
+      const bool others_left = nodes_ == 1 || OthersGone();
+      // Sends to lost ranks never complete: they do not hold the exit.
+      const bool sent = std::all_of(sends_.begin(), sends_.end(),
+                                    [&](const Sending& s) { return Lost(s.to); });
+      if (failed || (others_left && active_.empty() && sent)) break;
     }
     if (busy) {
       idle_s = 0;
@@ -478,21 +511,65 @@ void MpiLink::Work(const MpiLinkOptions& options) {
   done_cv_.notify_all();
 }
 
+bool MpiLink::OthersGone() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int r = 0; r < world_; ++r) {
+    if (r != rank_ && !left_[r] && !lost_[r]) return false;
+  }
+  return true;
+}
+
 void MpiLink::CheckLiveness(double now) {
   if (!Failure().ok()) return;
+  std::vector<int> silent;
   std::string lost;
-  for (int r = 0; r < world_; ++r) {
-    if (node_of_[r] == node_ || left_[r] || now - last_heard_[r] < kLostAfterS) continue;
-    lost += (lost.empty() ? "" : ", ") + std::to_string(r) + " (node " +
-            std::to_string(node_of_[r]) + ")";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int r = 0; r < world_; ++r) {
+      if (node_of_[r] == node_ || left_[r] || lost_[r] || now - last_heard_[r] < kLostAfterS) {
+        continue;
+      }
+      silent.push_back(r);
+      lost += (lost.empty() ? "" : ", ") + std::to_string(r) + " (node " +
+              std::to_string(node_of_[r]) + ")";
+    }
   }
-  if (lost.empty()) return;
+  if (silent.empty()) return;
   peers_lost_ = true;
-  const Status failure(
-      Code::kAborted,
-      "rank(s) " + lost + " sent nothing for " + std::to_string(static_cast<int>(kLostAfterS)) +
-          " s: lost (their node died or was cut off); rank " + std::to_string(rank_) +
-          " stops. In the asynchronous mode the segments homed on a lost node are lost too");
+  const std::string what = "rank(s) " + lost + " sent nothing for " +
+                           std::to_string(static_cast<int>(kLostAfterS)) +
+                           " s: lost (their node died or was cut off)";
+  if (keep_going_) {
+    // The asynchronous mode goes on without them: their clocks count as
+    // finished, calls waiting on them end (SegmentTable moves the segments
+    // of a node whose every rank is lost), and collectives across nodes fail.
+    std::function<void()> wake;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int r : silent) lost_[r] = true;
+      lost_names_ += (lost_names_.empty() ? "" : ", ") + lost;
+      for (auto it = calls_.begin(); it != calls_.end();) {
+        PendingCall* call = it->second;
+        if (!lost_[call->server]) {
+          ++it;
+          continue;
+        }
+        call->status = Status(Code::kAborted, "rank " + std::to_string(call->server) +
+                                                  " was lost before it answered");
+        call->done = true;
+        it = calls_.erase(it);
+      }
+      wake = wake_cb_;
+      done_cv_.notify_all();
+    }
+    std::fprintf(stderr, "tf_smb: rank %d (node %d): %s; the asynchronous mode goes on without "
+                 "them\n", rank_, node_, what.c_str());
+    if (wake) wake();
+    return;
+  }
+  const Status failure(Code::kAborted,
+                       what + "; rank " + std::to_string(rank_) +
+                           " stops (a synchronous job cannot go on without them)");
   std::function<void(const Status&)> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -524,11 +601,12 @@ void MpiLink::Stop() {
 }
 
 void MpiLink::Send(int to, int tag, std::vector<char> bytes) {
+  if (Lost(to)) return;  // nobody would take it
   auto buffer = std::make_shared<std::vector<char>>(std::move(bytes));
   MPI_Request request;
   if (MPI_Isend(buffer->data(), static_cast<int>(buffer->size()), MPI_BYTE, to, tag, control_,
                 &request) == MPI_SUCCESS) {
-    sends_.emplace_back(request, std::move(buffer));
+    sends_.push_back({request, to, std::move(buffer)});
   }
 }
 
@@ -692,6 +770,7 @@ Status MpiLink::Enqueue(const std::shared_ptr<Op>& op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.ok()) return failure_;
+    if (!lost_names_.empty()) return LostCollective();
     queue_.push_back(op);
   }
   work_cv_.notify_all();
@@ -721,6 +800,8 @@ Status MpiLink::Await(const Op& op, const std::string& what, double timeout_s) {
         return failed;
       }
       if (!failure_.ok()) return failure_;
+      // A collective with a lost rank never completes.
+      if (!lost_names_.empty()) return LostCollective();
     }
     if (local_failure) {
       Status failed = local_failure();
@@ -763,17 +844,27 @@ Status MpiLink::CallSegmentServer(int home, const SegmentRequest& request, const
   wire.learning_rate = request.learning_rate;
   wire.momentum = request.momentum;
   std::memcpy(wire.name, request.name.data(), request.name.size());
-  PendingCall call{reply, reply_bytes};
+  PendingCall call{reply, reply_bytes, -1};
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.ok()) return failure_;
+    // The home node's rank with this local rank serves it, or the next live one.
+    for (int k = 0; k < local_size_ && call.server < 0; ++k) {
+      const int r = JobRank(home, (local_rank_ + k) % local_size_);
+      if (!lost_[r]) call.server = r;
+    }
+    if (call.server < 0) {
+      return Status(Code::kAborted, "every rank of node " + std::to_string(home) +
+                                        ", the home of segment '" + request.name +
+                                        "', was lost");
+    }
     wire.id = next_call_++;
     calls_[wire.id] = &call;
   }
+  const int server = call.server;
   std::vector<char> message(sizeof wire + payload_bytes);
   std::memcpy(message.data(), &wire, sizeof wire);
   if (payload_bytes) std::memcpy(message.data() + sizeof wire, payload, payload_bytes);
-  const int server = JobRank(home, local_rank_);
   Post(server, kTagSegmentRequest, std::move(message));
   std::function<Status()> local_failure;
   {
@@ -891,6 +982,7 @@ std::vector<RemoteClock> MpiLink::RemoteClocks() const {
     if (node_of_[r] == node_) continue;
     auto it = clocks_.find(r);
     out.push_back(it == clocks_.end() ? RemoteClock{r, 0, false} : it->second);
+    if (lost_[r]) out.back().finished = true;  // it will not tick again
   }
   return out;
 }
