@@ -247,16 +247,17 @@ class SimulatedNodes:
             time.sleep(0.05)
         return [f"{pid} {cmd}" for pid, cmd in killed.items()]
 
-    def kill_in_node(self, node: int, match: str) -> List[int]:
-        """SIGKILLs the processes of node `node` whose command line contains
-        `match` (a node dying, while mpirun in node 0 lives on); their pids."""
+    def kill_in_node(self, node: int, match: str, sig: int = signal.SIGKILL) -> List[int]:
+        """Sends `sig` to the processes of node `node` whose command line
+        contains `match` (a node dying, or stalling with SIGSTOP, while mpirun
+        in node 0 lives on); their pids."""
         holder_link = os.readlink(f"/proc/{self.holder_pids[node]}/ns/net")
         killed = []
         for pid, cmd in self.processes():
             try:
                 if os.readlink(f"/proc/{pid}/ns/net") != holder_link or match not in cmd:
                     continue
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
                 killed.append(pid)
             except (OSError, ProcessLookupError):
                 pass

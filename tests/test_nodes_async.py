@@ -184,38 +184,52 @@ def test_staleness_bound_and_final_values_across_nodes(nodes):
             f"{results[0]['weights_sum']}: {results}{output_of(launch, rank)}")
 
 
-def test_survivors_finish_when_a_node_is_lost(nodes, tmp_path):
+@pytest.mark.parametrize("how", ["killed", "stalled"])
+def test_survivors_finish_when_a_node_is_lost(nodes, tmp_path, how):
     # mpirun --enable-recovery lets node 0's ranks run on when node 1's die.
     # Every rank holds at the start of epoch 1; the test kills node 1's two
-    # workers, then lets the others go. Node 0's ranks find the lost ranks by
-    # their silence (10 s), move the segments homed on node 1 into node 0's
-    # box from the values they last read (saying so), and finish training:
-    # ≥ 0.90, with the same final weights on both survivors.
+    # workers (or stops them with SIGSTOP), then lets the others go. Node 0's
+    # ranks find the lost ranks by their silence (10 s), move the segments
+    # homed on node 1 into node 0's box from the values they last read
+    # (saying so), and finish training: >= 0.90, with the same final weights
+    # on both survivors. Stopped ranks that wake up after that must not train
+    # on alone: they learn they were left behind and fail saying so.
     run = nodes.start_mpirun(WORLD, PER_NODE,
                              [sys.executable, DIGITS, "--epochs", "12", "--kill_epoch", "1",
                               "--marker_dir", str(tmp_path)],
                              env={"TF_SMB_TIMEOUT": "300"},
                              extra_mca=[("orte_enable_recovery", "1")])
-    output = ""
+    survivors, lost = range(PER_NODE), range(PER_NODE, WORLD)  # node 0, node 1
+    failed = None
     try:
         deadline = time.time() + 300
         while not all((tmp_path / f"held{r}").exists() for r in range(WORLD)):
             assert time.time() < deadline and run.proc.poll() is None, (
                 "training never reached epoch 1: " + _early_output(run))
             time.sleep(0.5)
-        killed = nodes.kill_in_node(1, "digits_async")
-        assert len(killed) == PER_NODE, killed
+        sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
+        stopped = nodes.kill_in_node(1, "digits_async", sig)
+        assert len(stopped) == PER_NODE, stopped
         (tmp_path / "go").touch()
-        survivors = range(PER_NODE)  # node 0
         deadline = time.time() + 300
+        if how == "stalled":
+            # Node 0 has moved on (two epochs past the loss) and trains on: wake node 1.
+            while not all(_epoch(tmp_path, r) >= 3 for r in survivors):
+                assert time.time() < deadline, "the survivors did not get past epoch 3"
+                time.sleep(0.5)
+            assert not any((tmp_path / f"rank{r}.json").exists() for r in survivors)
+            nodes.kill_in_node(1, "digits_async", signal.SIGCONT)
         while not all((tmp_path / f"rank{r}.json").exists() for r in survivors):
             assert time.time() < deadline, "the survivors did not finish within 300 s"
             time.sleep(0.5)
-        # And exit (mpirun itself does not end after losing ranks: killed below).
-        deadline = time.time() + 60
+        # And every worker exits (mpirun itself does not end after losing ranks:
+        # killed below).
+        deadline = time.time() + 90
         while [cmd for _, cmd in nodes.processes() if cmd.startswith(sys.executable)]:
-            assert time.time() < deadline, f"survivors still running: {nodes.processes()}"
+            assert time.time() < deadline, f"workers still running: {nodes.processes()}"
             time.sleep(0.5)
+    except AssertionError as e:
+        failed = e
     finally:
         nodes.kill_processes()
         try:
@@ -223,19 +237,38 @@ def test_survivors_finish_when_a_node_is_lost(nodes, tmp_path):
         except ProcessLookupError:
             pass
         out, err = run.proc.communicate(timeout=30)
-        output = (out or "") + (err or "")
+    output = (out or "") + (err or "")
+    if failed is not None:
+        raise AssertionError(f"{failed}\n--- mpirun's output:\n{output[-8000:]}")
+
+    def said(rank):
+        return "".join(line for line in output.splitlines(keepends=True)
+                       if line.startswith(f"[1,{rank}]"))
+
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in survivors]
     for rank, res in zip(survivors, results):
-        said = "".join(line for line in output.splitlines(keepends=True)
-                       if line.startswith(f"[1,{rank}]"))
-        assert re.search(r"rank\(s\) [23] \(node 1\).* lost .*goes on without them", said), (
-            f"rank {rank} did not name the lost ranks:\n{said[-3000:]}")
+        assert re.search(r"rank\(s\) [23] \(node 1\).* lost .*goes on without them", said(rank)), (
+            f"rank {rank} did not name the lost ranks:\n{said(rank)[-3000:]}")
         moved = re.search(r"node\(s\) 1 lost, with its box: its (\d+) segment\(s\) .* live on "
-                          r"node\(s\) 0 now, restarted from the values rank \d last read", said)
+                          r"node\(s\) 0 now, restarted from the values rank \d last read",
+                          said(rank))
         assert moved and int(moved.group(1)) >= 1, (
-            f"rank {rank} did not say which segments it moved:\n{said[-3000:]}")
+            f"rank {rank} did not say which segments it moved:\n{said(rank)[-3000:]}")
         assert res["accuracy"] >= 0.90, f"rank {rank}: {res}"
         assert res["weights_sum"] == results[0]["weights_sum"], results
+    if how == "stalled":
+        for rank in lost:
+            assert not (tmp_path / f"rank{rank}.json").exists(), f"rank {rank} trained on alone"
+            assert re.search(rf"rank {rank} \(node 1\) sent nothing for 10 s, so rank [01] went "
+                             r"on without it .*this rank stops", said(rank)), (
+                f"rank {rank} did not say it was left behind:\n{said(rank)[-3000:]}")
+
+
+def _epoch(tmp_path, rank):
+    try:
+        return int((tmp_path / f"epoch{rank}").read_text())
+    except (OSError, ValueError):
+        return -1
 
 
 def _early_output(run):

@@ -1,7 +1,7 @@
 """keras_digits' data and model under SMBStrategy(mode="async"), with hooks
 for tests: slow one rank down, kill one mid-epoch, or (--marker_dir) hold
 every rank at the start of epoch --kill_epoch until the test has killed a node
-and writes <marker_dir>/go. Prints a JSON line (and writes it to
+and writes <marker_dir>/go (and write each epoch's number to <marker_dir>/epoch<r>). Prints a JSON line (and writes it to
 <marker_dir>/rank<r>.json)."""
 import argparse
 import json
@@ -47,6 +47,9 @@ def main():
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
+            if a.marker_dir:
+                with open(os.path.join(a.marker_dir, f"epoch{rank}"), "w") as f:
+                    f.write(str(epoch))
             if a.marker_dir and epoch == a.kill_epoch:
                 with open(os.path.join(a.marker_dir, f"held{rank}"), "w"):
                     pass

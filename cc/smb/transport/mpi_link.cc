@@ -48,6 +48,7 @@ constexpr int kTagSegmentReply = 15;    // the server -> the client
 constexpr int kTagClock = 16;           // a rank -> the other nodes' ranks: [steps, finished]
 constexpr int kTagLeaving = 17;         // a rank at exit -> everyone: []
 constexpr int kTagHeartbeat = 18;       // every rank -> the other nodes' ranks: []
+constexpr int kTagDeclaredLost = 19;    // a survivor -> a rank it had found lost: []
 
 // Every rank tells the ranks of other nodes it is alive this often; one not
 // heard from for kLostAfterS is lost (its node died or was cut off). Only
@@ -55,6 +56,9 @@ constexpr int kTagHeartbeat = 18;       // every rank -> the other nodes' ranks:
 // default mpirun ends the whole job when a rank dies.
 constexpr double kHeartbeatS = 0.5;
 constexpr double kLostAfterS = 10;
+// A pass of the thread's loop this much later than the last one means the
+// process was stopped or starved: the others' silence meanwhile says nothing.
+constexpr double kStalledS = 2;
 
 // A segment request on the wire: this header, then the payload.
 struct WireRequest {
@@ -181,7 +185,8 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   bool Receive();
   void Offer(int node, const std::vector<uint64_t>& message);
   void Decide();
-  void Send(int to, int tag, std::vector<char> bytes);
+  // Skips a lost rank unless `even_if_lost`.
+  void Send(int to, int tag, std::vector<char> bytes, bool even_if_lost = false);
   // From any thread: the link's thread sends it.
   void Post(int to, int tag, std::vector<char> bytes);
   // False: no server yet (this rank is still starting); ask again later.
@@ -250,7 +255,9 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   // Liveness of the other nodes' ranks (thread only).
   std::vector<double> last_heard_;  // by job rank
   std::vector<bool> left_;          // sent kTagLeaving
+  std::vector<bool> told_lost_;     // sent kTagDeclaredLost
   double next_heartbeat_ = 0;
+  double last_pass_ = 0;            // when the loop last looked at liveness
   std::atomic<bool> peers_lost_{false};  // a rank is gone: never MPI_Finalize
   std::atomic<bool> keep_going_{false};  // see KeepGoingWithoutLostRanks
   std::vector<bool> lost_;               // by job rank (mu_)
@@ -353,6 +360,7 @@ Status MpiLink::Setup(const MpiLinkOptions& options) {
   last_heard_.assign(world_, MonotonicSeconds());
   left_.assign(world_, false);
   lost_.assign(world_, false);
+  told_lost_.assign(world_, false);
   return Status::Ok();
 }
 
@@ -461,6 +469,10 @@ void MpiLink::Work(const MpiLinkOptions& options) {
     }
     if (nodes_ > 1) {
       const double now = MonotonicSeconds();
+      if (last_pass_ > 0 && now - last_pass_ > kStalledS) {
+        for (double& heard : last_heard_) heard = std::max(heard, now);
+      }
+      last_pass_ = now;
       if (now >= next_heartbeat_) {
         next_heartbeat_ = now + kHeartbeatS;
         for (int r = 0; r < world_; ++r) {
@@ -600,8 +612,8 @@ void MpiLink::Stop() {
   }
 }
 
-void MpiLink::Send(int to, int tag, std::vector<char> bytes) {
-  if (Lost(to)) return;  // nobody would take it
+void MpiLink::Send(int to, int tag, std::vector<char> bytes, bool even_if_lost) {
+  if (!even_if_lost && Lost(to)) return;  // nobody would take it
   auto buffer = std::make_shared<std::vector<char>>(std::move(bytes));
   MPI_Request request;
   if (MPI_Isend(buffer->data(), static_cast<int>(buffer->size()), MPI_BYTE, to, tag, control_,
@@ -631,6 +643,32 @@ bool MpiLink::Receive() {
            MPI_STATUS_IGNORE);
   message.resize(bytes);
   last_heard_[status.MPI_SOURCE] = MonotonicSeconds();
+  if (status.MPI_TAG == kTagDeclaredLost) {
+    // This rank was silent long enough for another to go on without it (it
+    // stalled, or the network did): the others moved on, so it must stop,
+    // loudly, rather than train on a copy of the parameters no one else sees.
+    const Status failure(Code::kAborted,
+                         "rank " + std::to_string(rank_) + " (node " + std::to_string(node_) +
+                             ") sent nothing for " + std::to_string(static_cast<int>(kLostAfterS)) +
+                             " s, so rank " + std::to_string(status.MPI_SOURCE) +
+                             " went on without it (the asynchronous mode survives lost nodes); "
+                             "this rank stops");
+    std::function<void(const Status&)> failed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      SetFailure(failure);
+      failed = failed_cb_;
+    }
+    if (failed) failed(failure);
+    return true;
+  }
+  if (Lost(status.MPI_SOURCE)) {
+    if (!told_lost_[status.MPI_SOURCE]) {
+      told_lost_[status.MPI_SOURCE] = true;
+      Send(status.MPI_SOURCE, kTagDeclaredLost, {}, /*even_if_lost=*/true);
+    }
+    return true;  // what a lost rank says no longer counts
+  }
   if (status.MPI_TAG == kTagHeartbeat) return true;
   if (status.MPI_TAG == kTagSegmentRequest) {
     if (!unserved_.empty() || !Serve(status.MPI_SOURCE, message)) {
