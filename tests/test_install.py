@@ -221,6 +221,14 @@ def test_install_time_library_needs_a_matching_build_record(fake_build, tmp_path
     monkeypatch.setattr(op_library, "mpi_flags",
                         lambda: (["-DTF_SMB_WITH_MPI"], ["-lmpi"]))
     assert op_library.installed_library(fake_build.root, "2.21.0") is None
+    # Built with MPI where MPI is not wanted now (TF_SMB_WITH_MPI=0, or no mpicxx):
+    # not this library either (it would map Open MPI into every process).
+    monkeypatch.setattr(op_library, "mpi_flags", lambda: (["-DTF_SMB_WITH_MPI"], []))
+    op_library.compile_library(fake_build.root, library, fake_tf("2.21.0"))
+    assert op_library.read_build_record(library)["mpi"] == "1"
+    assert op_library.installed_library(fake_build.root, "2.21.0") == library
+    monkeypatch.setattr(op_library, "mpi_flags", lambda: ([], []))
+    assert op_library.installed_library(fake_build.root, "2.21.0") is None
     # No record (built before records existed): not trusted either.
     with open(library, "wb") as f:
         f.write(b"\x7fELF without a record")

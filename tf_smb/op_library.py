@@ -319,8 +319,10 @@ def installed_library(root: Optional[str], tf_version: str) -> Optional[str]:
             continue
         if root is not None and record.get("sources") != source_digest(root):
             continue  # a checkout whose sources changed since the build
-        if record.get("mpi") != "1" and mpi_flags()[0]:
-            continue  # built before Open MPI's development files were installed
+        if (record.get("mpi") == "1") != bool(mpi_flags()[0]):
+            # Built before Open MPI's development files were installed, or with
+            # them where MPI is not wanted now (TF_SMB_WITH_MPI=0, no mpicxx).
+            continue
         return library
     return None
 
