@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from harness import WORKERS, max_diff, run_single
-from simnodes import NodesTimeout, SimulatedNodes, describe_failure, open_or_skip, run_workers
+from simnodes import NodesTimeout, SimulatedNodes, describe_failure, run_workers
 
 KERAS = os.path.join(WORKERS, "keras_worker.py")
 B = 8  # per-worker batch
@@ -25,13 +25,6 @@ TIMEOUT = 600  # per launch; a hang fails long before through TF_SMB_TIMEOUT
 TF_ENV = {"TF_SMB_TIMEOUT": "60", "TEST_TIMEOUT": "60"}  # keras_worker reads TEST_TIMEOUT
 
 
-@pytest.fixture(scope="module")
-def nodes():
-    sim = open_or_skip()
-    try:
-        yield sim
-    finally:
-        sim.close()
 
 
 # --- the simulation itself --------------------------------------------------

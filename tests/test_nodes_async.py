@@ -28,13 +28,6 @@ PUSHES = 2000
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "float64": 8, "int64": 8}
 
 
-@pytest.fixture(scope="module")
-def nodes():
-    made = simnodes.open_or_skip()
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def node_of(rank):

@@ -9,7 +9,6 @@ import signal
 import sys
 import time
 
-import pytest
 
 import simnodes
 from harness import WORKERS
@@ -19,11 +18,6 @@ KERAS = os.path.join(WORKERS, "keras_worker.py")
 ENV = {"TF_SMB_TIMEOUT": "120", "TEST_TIMEOUT": "120"}
 
 
-@pytest.fixture(scope="module")
-def nodes():
-    made = simnodes.open_or_skip()
-    yield made
-    made.close()
 
 
 def test_independent_collectives_pair_correctly_across_nodes(nodes, tmp_path):

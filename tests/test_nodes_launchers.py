@@ -20,11 +20,10 @@ import re
 import stat
 import sys
 
-import pytest
 
 from harness import (REPO, WORKERS, base_env, env_lib, max_diff, require_horovod,
                      run_single)
-from simnodes import describe_failure, open_or_skip
+from simnodes import describe_failure
 from test_nodes import KERAS, TF_ENV, B, _check_fit
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -33,13 +32,6 @@ WORKER = os.path.join(WORKERS, "launcher_worker.py")
 TIMEOUT = 600  # per launch; a hang fails long before through TF_SMB_TIMEOUT
 
 
-@pytest.fixture(scope="module")
-def nodes():
-    sim = open_or_skip()
-    try:
-        yield sim
-    finally:
-        sim.close()
 
 
 def _ssh_on_path(nodes, folder):

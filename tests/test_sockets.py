@@ -46,7 +46,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import pytest
 
 from harness import REPO, WORKERS, base_env
-from simnodes import describe_failure, open_or_skip
+from simnodes import describe_failure
 
 WORKER = os.path.join(WORKERS, "socket_worker.py")
 REFERENCE_C = os.path.join(WORKERS, "mpi_reference.c")
@@ -327,13 +327,6 @@ def _wait_started(directory, count: int, timeout: float, alive, output) -> Dict[
 # --- two simulated nodes, under mpirun ---------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def nodes():
-    sim = open_or_skip()
-    try:
-        yield sim
-    finally:
-        sim.close()
 
 
 @dataclasses.dataclass
