@@ -17,26 +17,27 @@ if [ $# -lt 1 ]; then
 fi
 map=$1
 shift
-while [ $# -gt 0 ]; do
-    case "$1" in
-        -[bcDEeFIiJLlmOoPpQRSWw]) [ $# -ge 2 ] || break; shift 2 ;;
-        -*) shift ;;
-        *) break ;;
-    esac
-done
+# Counts in $skipped the leading ssh options of "$@" (with their values).
+skip_options() {
+    skipped=0
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            -[bcDEeFIiJLlmOoPpQRSWw]) [ $# -ge 2 ] || break; shift 2; skipped=$((skipped + 2)) ;;
+            -*) shift; skipped=$((skipped + 1)) ;;
+            *) break ;;
+        esac
+    done
+}
+skip_options "$@"
+shift $skipped
 if [ $# -lt 1 ]; then
     echo "simnodes_ssh.sh: no host given" >&2
     exit 255
 fi
 host=$1
 shift
-while [ $# -gt 0 ]; do
-    case "$1" in
-        -[bcDEeFIiJLlmOoPpQRSWw]) [ $# -ge 2 ] || break; shift 2 ;;
-        -*) shift ;;
-        *) break ;;
-    esac
-done
+skip_options "$@"
+shift $skipped
 if [ $# -lt 1 ]; then
     echo "simnodes_ssh.sh: no command for $host (an interactive login is not simulated)" >&2
     exit 255

@@ -176,6 +176,9 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   Status Enqueue(const std::shared_ptr<Op>& op);
   Status Await(const Op& op, const std::string& what, double timeout_s);
   void SetFailure(const Status& failure);  // mu_ held
+  // The job failed here (a lost rank, or another rank's word): records it and
+  // tells the group (failed_cb_). mu_ not held.
+  void Fail(const Status& failure);
   Status LostCollective() const {  // mu_ held
     return Status(Code::kAborted, "rank " + std::to_string(rank_) +
                                       ": a collective across nodes cannot run after rank(s) " +
@@ -582,13 +585,7 @@ void MpiLink::CheckLiveness(double now) {
   const Status failure(Code::kAborted,
                        what + "; rank " + std::to_string(rank_) +
                            " stops (a synchronous job cannot go on without them)");
-  std::function<void(const Status&)> failed;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    SetFailure(failure);
-    failed = failed_cb_;
-  }
-  if (failed) failed(failure);
+  Fail(failure);
 }
 
 void MpiLink::Stop() {
@@ -653,13 +650,7 @@ bool MpiLink::Receive() {
                              " s, so rank " + std::to_string(status.MPI_SOURCE) +
                              " went on without it (the asynchronous mode survives lost nodes); "
                              "this rank stops");
-    std::function<void(const Status&)> failed;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      SetFailure(failure);
-      failed = failed_cb_;
-    }
-    if (failed) failed(failure);
+    Fail(failure);
     return true;
   }
   if (Lost(status.MPI_SOURCE)) {
@@ -711,13 +702,7 @@ bool MpiLink::Receive() {
                      (words.size() - 1) * sizeof(uint64_t));
     text.resize(std::strlen(text.c_str()));
     Status failure(static_cast<Code>(words[0]), text);
-    std::function<void(const Status&)> failed;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      SetFailure(failure);
-      failed = failed_cb_;
-    }
-    if (failed) failed(failure);
+    Fail(failure);
   }
   return true;
 }
@@ -781,6 +766,16 @@ bool MpiLink::NextDecision(uint64_t* key) {
 void MpiLink::SetFailure(const Status& failure) {
   if (failure_.ok() && !failure.ok()) failure_ = failure;
   done_cv_.notify_all();
+}
+
+void MpiLink::Fail(const Status& failure) {
+  std::function<void(const Status&)> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    SetFailure(failure);
+    failed = failed_cb_;
+  }
+  if (failed) failed(failure);
 }
 
 void MpiLink::SendFailure(const Status& failure) {
