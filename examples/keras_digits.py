@@ -19,12 +19,16 @@ Single process, without tf_smb:
 
 `--batch_size` is the GLOBAL batch size (summed over all workers).
 `--save_path=/tmp/digits.keras` saves the trained model, from rank 0 only.
+`--accuracy_curve=/tmp/curve.json`: rank 0's test accuracy after every epoch
+against training time (benchmarks/async_step.py plots it).
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import sys
+import time
 from typing import NamedTuple, Sequence
 
 # oneDNN's CPU Conv2D mishandles an empty batch, which a worker gets whenever a
@@ -156,6 +160,39 @@ def worker_rank(strategy: tf.distribute.Strategy) -> int:
     return getattr(strategy, "rank", 0)
 
 
+class AccuracyCurve(keras.callbacks.Callback):
+    """Test accuracy against training time: keeps the weights and the seconds
+    since training began at every epoch's end; `write` then evaluates each
+    copy on the test set with a plain (strategy-free) network, so that the
+    evaluations take no training time and need no other worker."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._start = 0.0
+        self._points: list = []  # (epoch, seconds, weights)
+
+    def on_train_begin(self, logs=None) -> None:
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        self._points.append((epoch + 1, time.perf_counter() - self._start,
+                             self.model.get_weights()))
+
+    def write(self, path: str, data: Digits) -> None:
+        """Writes [{"epoch", "train_s", "test_accuracy"}, ...] as JSON to `path`."""
+        with tf.distribute.get_strategy().scope():  # the default strategy: no workers
+            network = build_network()
+            network.compile(metrics=["accuracy"],
+                            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        curve = []
+        for epoch, seconds, weights in self._points:
+            network.set_weights(weights)
+            result = network.evaluate(data.x_test, data.y_test, verbose=0, return_dict=True)
+            curve.append({"epoch": epoch, "train_s": seconds,
+                          "test_accuracy": float(result["accuracy"])})
+        pathlib.Path(path).write_text(json.dumps(curve))
+
+
 def main(argv: Sequence[str]) -> None:
     del argv  # Unused.
     # Same seed everywhere before any weights exist: identical initial models.
@@ -178,11 +215,15 @@ def main(argv: Sequence[str]) -> None:
                .batch(FLAGS.batch_size))
 
     # shuffle=False: the dataset shuffles itself (Keras would ignore, and warn).
-    model.fit(train_ds, epochs=FLAGS.epochs, shuffle=False, verbose=2 if rank == 0 else 0)
+    curve = AccuracyCurve() if FLAGS.accuracy_curve and rank == 0 else None
+    model.fit(train_ds, epochs=FLAGS.epochs, shuffle=False, verbose=2 if rank == 0 else 0,
+              callbacks=[curve] if curve else None)
     results = model.evaluate(test_ds, verbose=0, return_dict=True)
     print(f"test loss: {results['loss']:.4f}")
     print(f"test accuracy: {results['accuracy']:.4f}")
 
+    if curve is not None:
+        curve.write(FLAGS.accuracy_curve, data)
     if FLAGS.save_path and rank == 0:
         model.save(FLAGS.save_path)  # Keras 3 wants a .keras (or .h5) file name.
         print(f"saved model to {FLAGS.save_path}")
@@ -192,4 +233,7 @@ if __name__ == "__main__":
     define_common_flags()
     flags.DEFINE_string("save_path", None,
                         "If set, rank 0 saves the trained model here (e.g. /tmp/digits.keras).")
+    flags.DEFINE_string("accuracy_curve", None,
+                        "If set, rank 0 writes here (JSON) the test accuracy of its weights "
+                        "at every epoch's end and the training seconds until then.")
     app.run(main)
