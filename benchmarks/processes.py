@@ -50,8 +50,10 @@ def free_ports(n: int) -> List[int]:
 
 def mpirun_prefix(world: int) -> List[str]:
     root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-    # No binding: the other strategies' processes are not bound either.
-    return ["mpirun", *root, "--oversubscribe", "--bind-to", "none", "-np", str(world)]
+    # Bound as tf_smb.run binds its workers (and mpirun by default): one core each
+    # while there are cores enough, else unbound.
+    bind = "core" if world <= len(os.sched_getaffinity(0)) else "none"
+    return ["mpirun", *root, "--oversubscribe", "--bind-to", bind, "-np", str(world)]
 
 
 def horovodrun_path() -> Optional[str]:
@@ -83,10 +85,13 @@ def commands(launch: str, world: int, argv: List[str], env: Dict[str, str],
 def run_processes(cmds: Sequence[Command], timeout: float) -> Tuple[bool, List[str], str]:
     """Runs the commands together (from the checkout); stops them all when one fails or
     `timeout` passes. Returns (all succeeded, each one's output, why not)."""
+    # Workers started here directly (MWMS) get their own CPUs, as tf_smb.run's and
+    # mpirun's do; a launcher (one command) places its own workers.
+    cpus = supervisor.split_cpus(len(cmds)) if len(cmds) > 1 else None
     try:
         workers = supervisor.Workers(cmds, output="merged", cwd=REPO_ROOT,
                                      names=[f"process {i}" for i in range(len(cmds))],
-                                     grace_s=STOP_GRACE_S)
+                                     grace_s=STOP_GRACE_S, cpus=cpus)
     except supervisor.StartError as e:
         return False, [""] * len(cmds), str(e)
     with workers:

@@ -21,8 +21,9 @@ One command measures every strategy side by side, on this machine, in one run:
    strategy and worker count times every model in turn.
 2. End to end: `model.fit` throughput (samples/s of synthetic data; epochs after the
    first at the median step time, the slowest worker's: see fit_throughput) of a small
-   CNN and the MLP on `--fit_workers`
-   workers with SMBStrategy sync and async, HorovodStrategy (under mpirun and under
+   CNN, the MLP and mlp10m (11.6M parameters; not with --smoke) on `--fit_workers`
+   workers (each bound to its own CPUs: tf_smb.run's default, mpirun --bind-to core;
+   horovodrun --gloo places its own) with SMBStrategy sync and async, HorovodStrategy (under mpirun and under
    horovodrun --gloo) and MultiWorkerMirroredStrategy; and on one worker, SMBStrategy
    against no strategy at all (the two models trained in one process, epochs alternated,
    so both see the same machine load), as the SMB overhead in percent.
@@ -75,8 +76,9 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 FLAGS = flags.FLAGS
 FULL_MODELS, SMOKE_MODELS = "mlp,resnet50,vgg16,inception_v3", "tiny_mlp"
 # Synthetic samples per epoch of each fit model (global batch --fit_batch).
-FIT_SAMPLES = {"cnn": 8192, "mlp": 32768}
-SMOKE_FIT_SAMPLES = {"cnn": 256, "mlp": 512}
+FIT_SAMPLES = {"cnn": 8192, "mlp": 32768, "mlp10m": 4096}
+SMOKE_FIT_SAMPLES = {"cnn": 256, "mlp": 512, "mlp10m": 256}
+SMOKE_FIT_MODELS = "cnn,mlp"
 
 flags.DEFINE_string("models", None, f"communication models, from {', '.join(common.MODELS)} "
                     f"(default {FULL_MODELS}; with --smoke {SMOKE_MODELS})")
@@ -85,7 +87,8 @@ flags.DEFINE_string("comm_strategies", ",".join(COMM_STRATEGIES),
                     "communication strategies; empty skips part 1")
 flags.DEFINE_integer("iters", None, "timed steps per model (default 20; 3 with --smoke)")
 flags.DEFINE_integer("warmup", None, "untimed steps first (default 3; 1 with --smoke)")
-flags.DEFINE_string("fit_models", ",".join(FIT_MODELS), "fit models (cnn, mlp)")
+flags.DEFINE_string("fit_models", None, f"fit models, from {', '.join(FIT_MODELS)} (default "
+                    f"all; with --smoke {SMOKE_FIT_MODELS})")
 flags.DEFINE_string("fit_strategies", ",".join(FIT_STRATEGIES),
                     "fit strategies (single: 1 worker, SMB against none); empty skips part 2")
 flags.DEFINE_integer("fit_workers", 2, "workers of the multi-worker fit runs")
@@ -351,7 +354,8 @@ def run_driver(models: List[str], worlds: List[int], comm_strategies: List[str],
         plot_fit(out_dir / "fit.png", fit, fit_models, fit_strategies, FLAGS.fit_workers)
 
     targets = compute_targets(comm, models if comm_strategies else [], worlds, model_bytes,
-                              fit, fit_models if fit_strategies else [], FLAGS.fit_workers)
+                              fit, fit_models if fit_strategies else [], FLAGS.fit_workers,
+                              batch)
     if targets:
         sections.append("## Targets\n\n" + markdown(["target", "measured", "goal", "status"],
                                                        targets))
@@ -395,7 +399,8 @@ def main(argv: Sequence[str]) -> None:
     models = common.split_list(FLAGS.models, SMOKE_MODELS if smoke else FULL_MODELS)
     iters = FLAGS.iters if FLAGS.iters is not None else (3 if smoke else 20)
     warmup = FLAGS.warmup if FLAGS.warmup is not None else (1 if smoke else 3)
-    fit_models = common.split_list(FLAGS.fit_models, "")
+    fit_models = common.split_list(FLAGS.fit_models,
+                                   SMOKE_FIT_MODELS if smoke else ",".join(FIT_MODELS))
     epochs = FLAGS.fit_epochs if FLAGS.fit_epochs is not None else (3 if smoke else 8)
     batch = FLAGS.fit_batch if FLAGS.fit_batch is not None else (64 if smoke else 256)
     samples = {m: FLAGS.fit_samples or (SMOKE_FIT_SAMPLES if smoke else FIT_SAMPLES)[m]

@@ -3,6 +3,8 @@
   * SMB sync all-reduce at least 4x faster than Horovod-MPI, and within 3x of memcpy;
   * an SMB async step at least 4x faster than Horovod-MPI's all-reduce;
   * model.fit of the MLP: SMB sync at least as fast as Horovod, Horovod as MWMS;
+  * model.fit of every fit model: the step time SMB sync adds over one process with
+    the same global batch at most 1/4 of what Horovod-MPI adds;
   * a 1-worker SMBStrategy at most 5% slower than no strategy.
 
 On TARGET_MODEL's shapes (else the largest model measured), at each worker count.
@@ -24,7 +26,7 @@ def target_row(what: str, measured: str, goal: str, ok: Optional[bool]) -> List[
 def compute_targets(comm: Dict[Tuple[str, int, str], Cell], comm_models: List[str],
                     worlds: List[int], model_bytes: Dict[str, int],
                     fit: Dict[Tuple[str, str], Cell], fit_models: List[str],
-                    fit_workers: int) -> List[List[str]]:
+                    fit_workers: int, fit_batch: int) -> List[List[str]]:
     """The rows of the targets table: (target, measured, goal, met / missed / n/a)."""
     rows: List[List[str]] = []
     if comm_models:
@@ -71,6 +73,8 @@ def compute_targets(comm: Dict[Tuple[str, int, str], Cell], comm_models: List[st
             f"{label} {fmt(hvd.value, '.0f')}, MWMS {fmt(mwms.value, '.0f')}"
             + (f" ({mwms.reason or hvd.reason})" if ok is None else ""), "Horovod >= MWMS", ok))
     for model in fit_models:
+        rows.append(added_step_time_row(fit, model, fit_workers, fit_batch))
+    for model in fit_models:
         none, smb = fit.get((model, "none_1")), fit.get((model, "smb_1"))
         if none is None or smb is None:
             continue
@@ -81,3 +85,28 @@ def compute_targets(comm: Dict[Tuple[str, int, str], Cell], comm_models: List[st
             f"samples/s)" if over is not None else f"n/a ({none.reason or smb.reason})",
             "<= 5%", None if over is None else over <= 5))
     return rows
+
+
+def added_step_time_row(fit: Dict[Tuple[str, str], Cell], model: str, fit_workers: int,
+                        batch: int) -> List[str]:
+    """What SMB sync and Horovod-MPI add to one process's step on the same global batch
+    (ms per step, from samples/s): SMB's addition must be at most 1/4 of Horovod's."""
+    def step_ms(name: str) -> Optional[float]:
+        cell = fit.get((model, name))
+        return None if cell is None or not cell.value else 1000.0 * batch / cell.value
+
+    one, smb, hvd = step_ms("none_1"), step_ms("smb_sync"), step_ms("horovod_mpi")
+    what = (f"fit step time added over one process, {model}, {fit_workers} workers: "
+            "SMB sync vs Horovod-MPI")
+    if one is None or smb is None or hvd is None:
+        return target_row(what, "n/a (needs one process, SMB sync and Horovod-MPI fits)",
+                          "<= 1/4 of Horovod's", None)
+    smb_added, hvd_added = smb - one, hvd - one
+    measured = (f"SMB {smb_added:+.2f} ms, Horovod-MPI {hvd_added:+.2f} ms per step (one "
+                f"process {one:.2f} ms)")
+    if hvd_added <= 0:
+        return target_row(what, measured + ": Horovod adds nothing to compare with",
+                          "<= 1/4 of Horovod's", None)
+    share = smb_added / hvd_added
+    return target_row(what, f"{measured}: SMB adds {share:.2f}x of Horovod's",
+                      "<= 1/4 of Horovod's", share <= 0.25)

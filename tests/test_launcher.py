@@ -1,6 +1,7 @@
 """Tests of the job launcher ``python -m tf_smb.run`` with tiny Python workers."""
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -260,3 +261,50 @@ def test_supervisor_timeout_and_output() -> None:
     assert not outcome.ok and outcome.running == [0] and outcome.returncodes[0] == -15
     assert outcome.reason == "timed out after 3 s"
     assert workers.output(0) == "out 0 2\n" and workers.stderr(0) == "err\n"
+
+
+AFFINITY_WORKER = """
+    import os, threading
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))
+    thread.start(); thread.join()
+    print("cpus", os.environ["TF_SMB_RANK"], sorted(os.sched_getaffinity(0)), seen[0])
+"""
+
+
+def _worker_cpus(stdout: str) -> dict:
+    """rank -> (the worker's CPUs, a thread's CPUs), from AFFINITY_WORKER's lines."""
+    found = re.findall(r"^\[\d+\]: cpus (\d+) (\[[\d, ]*\]) (\[[\d, ]*\])$", stdout, re.MULTILINE)
+    return {int(rank): (json.loads(main), json.loads(thread)) for rank, main, thread in found}
+
+
+def test_workers_are_bound_to_their_own_cpus_by_default() -> None:
+    available = sorted(os.sched_getaffinity(0))
+    world = min(2, len(available))
+    result = launch(["-np", str(world), *worker(AFFINITY_WORKER)])
+    assert result.returncode == 0, result.stderr
+    cpus = _worker_cpus(result.stdout)
+    assert sorted(cpus) == list(range(world)), result.stdout
+    blocks = [cpus[r][0] for r in range(world)]
+    for rank, (main, thread) in cpus.items():
+        assert main and main == thread, (rank, main, thread)  # threads inherit it
+    # Disjoint blocks that together cover every CPU the launcher may use.
+    assert sorted(c for block in blocks for c in block) == available, blocks
+    assert supervisor.split_cpus(world) == [set(b) for b in blocks]
+
+
+def test_bind_to_none_and_more_workers_than_cpus_leave_every_cpu() -> None:
+    available = sorted(os.sched_getaffinity(0))
+    for args in (["--bind-to", "none", "-np", "2"], ["-np", str(len(available) + 1)]):
+        result = launch([*args, *worker(AFFINITY_WORKER)], timeout=60.0)
+        assert result.returncode == 0, result.stderr
+        cpus = _worker_cpus(result.stdout)
+        assert cpus and all(main == thread == available for main, thread in cpus.values()), (
+            args, result.stdout)
+
+
+def test_split_cpus_gives_even_contiguous_blocks() -> None:
+    assert supervisor.split_cpus(2, [0, 1, 2, 3, 4]) == [{0, 1, 2}, {3, 4}]
+    assert supervisor.split_cpus(3, [4, 6, 8]) == [{4}, {6}, {8}]
+    assert supervisor.split_cpus(1, [0, 1]) == [{0, 1}]
+    assert supervisor.split_cpus(3, [0, 1]) == [None, None, None]

@@ -4,7 +4,9 @@ Creates the job's shared-memory box, starts N copies of COMMAND with TF_SMB_RANK
 TF_SMB_SIZE and TF_SMB_JOB_ID set (and TF_CPP_MIN_LOG_LEVEL=2 unless set: no
 TensorFlow INFO banners or C++ warnings from every worker), prints their merged output
 prefixed with ``[rank]: `` and, when one worker fails, stops the others and names the
-failing rank. The processes are started and watched by tf_smb.supervisor; the
+failing rank. Each worker runs on its own block of CPUs (``--bind-to core``, the
+default, as mpirun binds ranks to cores) unless there are more workers than CPUs.
+The processes are started and watched by tf_smb.supervisor; the
 defaults (timeout, staging, heap) are the C++ core's, from tf_smb._box.
 """
 from __future__ import annotations
@@ -57,6 +59,11 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--timeline", default=None, metavar="PATH",
                         help="write a Chrome-trace/Perfetto JSON of every worker's steps "
                              "and collectives to PATH (sets TF_SMB_TIMELINE)")
+    parser.add_argument("--bind-to", choices=("core", "none"), default="core",
+                        help="core (default): give each worker its own block of this "
+                             "machine's CPUs (those the launcher may use, split evenly; "
+                             "not when there are more workers than CPUs), as mpirun binds "
+                             "to cores; none: every worker may run on every CPU")
     parser.add_argument("--keep-going", action="store_true",
                         help="when a worker fails, let the others finish (for "
                              "SMBStrategy(mode='async')); exit non-zero at the end")
@@ -128,7 +135,10 @@ def _run_workers(args: argparse.Namespace, job_id: str, received: List[int]) -> 
                   file=sys.stderr, flush=True)
 
     try:
-        workers = supervisor.Workers(commands, output="prefix", log=_log)
+        # Workers that share every CPU crowd each other's compute threads;
+        # measured on 2 cores, 2 workers' small-CNN fit steps took 1.6x as long.
+        cpus = supervisor.split_cpus(args.np) if args.bind_to == "core" else None
+        workers = supervisor.Workers(commands, output="prefix", log=_log, cpus=cpus)
     except supervisor.StartError as e:
         print(f"{_PREFIX}{e}", file=sys.stderr)
         return 127

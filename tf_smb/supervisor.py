@@ -21,6 +21,7 @@ Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -29,8 +30,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import (IO, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Sequence,
-                    Tuple)
+from typing import (IO, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional,
+                    Sequence, Set, Tuple)
 
 from tf_smb import env as env_lib
 
@@ -133,19 +134,53 @@ class Outcome:
         return ", ".join(f"{self.names[i]} {describe(self.returncodes[i])}" for i in bad)
 
 
+@contextlib.contextmanager
+def _affinity(cpus: Optional[Set[int]]) -> Iterator[None]:
+    """Runs the block on `cpus` (None: unchanged): a child started in it inherits
+    them, with every thread it will start. Only this thread moves, and it moves
+    back, so no other thread of this process is affected."""
+    if cpus is None:
+        yield
+        return
+    previous = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, previous)
+
+
+def split_cpus(workers: int, cpus: Optional[Sequence[int]] = None) -> List[Optional[Set[int]]]:
+    """Each worker's own CPUs: `cpus` (default: those this process may run on) in
+    contiguous blocks as even as can be, or None for every worker when there are
+    more workers than CPUs (binding would stack some on one CPU)."""
+    available = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if workers > len(available):
+        return [None] * workers
+    share, extra = divmod(len(available), workers)
+    blocks, start = [], 0
+    for i in range(workers):
+        end = start + share + (1 if i < extra else 0)
+        blocks.append(set(available[start:end]))
+        start = end
+    return blocks
+
+
 class _Process:
     """One worker process, the threads that read its output, and what they read."""
 
     def __init__(self, name: str, prefix: bytes, argv: Sequence[str], env: Mapping[str, str],
-                 cwd: Optional[str], output: str, lock: threading.Lock):
+                 cwd: Optional[str], output: str, lock: threading.Lock,
+                 cpus: Optional[Set[int]] = None):
         self.name, self._prefix, self._output, self._lock = name, prefix, output, lock
         self.tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.chunks: Dict[str, List[bytes]] = {"stdout": [], "stderr": []}
         split = output == "split"
-        self.popen = subprocess.Popen(
-            list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE if split else subprocess.STDOUT,
-            start_new_session=True)
+        with _affinity(cpus):
+            self.popen = subprocess.Popen(
+                list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE if split else subprocess.STDOUT,
+                start_new_session=True)
         streams = [("stdout", self.popen.stdout)] + ([("stderr", self.popen.stderr)]
                                                      if split else [])
         self.readers = [threading.Thread(target=self._pump, args=s, daemon=True,
@@ -188,13 +223,16 @@ class Workers:
       together: `output(i)`) or "split" (kept apart: `output(i)`, `stderr(i)`).
     grace_s: how long stopped workers get between SIGTERM and SIGKILL.
     log: where the supervisor's own messages go (default: stderr).
+    cpus: the CPUs each worker (and every thread it starts) may run on; None
+      for a worker, or no list, leaves it this process's (see `split_cpus`).
     Raises StartError when a command cannot start.
     """
 
     def __init__(self, commands: Sequence[Command], *, output: str = "merged",
                  cwd: Optional[object] = None, names: Optional[Sequence[str]] = None,
                  grace_s: float = TERM_GRACE_S,
-                 log: Optional[Callable[[str], None]] = None):
+                 log: Optional[Callable[[str], None]] = None,
+                 cpus: Optional[Sequence[Optional[Set[int]]]] = None):
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
         self.names = list(names) if names else [f"rank {i}" for i in range(len(commands))]
@@ -205,7 +243,8 @@ class Workers:
         for i, (argv, env) in enumerate(commands):
             try:
                 self._procs.append(_Process(self.names[i], f"[{i}]: ".encode(), argv, env,
-                                            None if cwd is None else str(cwd), output, lock))
+                                            None if cwd is None else str(cwd), output, lock,
+                                            cpus[i] if cpus else None))
             except OSError as e:
                 self.close()
                 raise StartError(self.names[i], argv, e) from e

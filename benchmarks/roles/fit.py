@@ -1,5 +1,8 @@
 """fit: model.fit throughput of a small CNN or an MLP with one strategy.
 
+Models: cnn (56,714 parameters), mlp (784-512-512-10) and mlp10m (784-2048-2048-2048-784-10,
+11.6M parameters: 46 MB of gradients a step, communication-heavy).
+
     python -m tf_smb.run -np 2 python -m benchmarks.roles.fit --kind=smb_sync \
         --fit_models=cnn,mlp --fit_epochs=8 --fit_batch=256 --samples=cnn:8192,mlp:32768
 
@@ -21,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 from benchmarks import common
 
 KINDS = ("smb_sync", "smb_async", "horovod", "mwms", "single")
-FIT_MODELS = ("cnn", "mlp")
+FIT_MODELS = ("cnn", "mlp", "mlp10m")
 
 
 def fit_data(model: str, samples: int):
@@ -34,7 +37,7 @@ def fit_data(model: str, samples: int):
 
 
 def build_fit_model(model: str):
-    """The small CNN or the MLP, compiled (SGD with momentum, loss only, no XLA)."""
+    """The small CNN or an MLP, compiled (SGD with momentum, loss only, no XLA)."""
     import keras
     keras.utils.set_random_seed(0)  # the same initial weights on every worker and run
     if model == "cnn":
@@ -43,9 +46,13 @@ def build_fit_model(model: str):
                   keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
                   keras.layers.Flatten(), keras.layers.Dense(64, activation="relu"),
                   keras.layers.Dense(10)]
-    else:
+    elif model == "mlp":
         layers = [keras.Input((784,)), keras.layers.Dense(512, activation="relu"),
                   keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)]
+    else:  # mlp10m: communication-heavy, 11.6M parameters (46 MB of gradients)
+        layers = [keras.Input((784,)), *(keras.layers.Dense(2048, activation="relu")
+                                         for _ in range(3)),
+                  keras.layers.Dense(784, activation="relu"), keras.layers.Dense(10)]
     net = keras.Sequential(layers, name=f"bench_{model}")
     net.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
