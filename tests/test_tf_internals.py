@@ -131,7 +131,7 @@ def test_values_and_contexts_we_build():
     assert _params(distribute_utils.select_replica) == ["replica_id", "structured"], (
         f"distribute_utils.select_replica changed: _call_for_each_replica ({HOME}) uses it")
     assert callable(control_flow_util.GraphOrParentsInXlaContext), (
-        f"control_flow_util.GraphOrParentsInXlaContext is gone: _check_not_in_xla ({HOME})")
+        f"control_flow_util.GraphOrParentsInXlaContext is gone: check_not_in_xla ({HOME})")
 
 
 def test_a_one_worker_strategy_works_without_the_skipped_init():

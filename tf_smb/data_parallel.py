@@ -79,7 +79,8 @@ def _is_worker_local_read(value: Any) -> bool:
         isinstance(v, (values_lib.SyncOnReadVariable, values_lib.PerReplica)) for v in flat)
 
 
-def _check_not_in_xla() -> None:
+def check_not_in_xla() -> None:
+    """Raises ValueError inside an XLA-compiled function (no XLA kernels)."""
     graph = framework_ops.get_default_graph()
     if control_flow_util.GraphOrParentsInXlaContext(graph):
         raise ValueError(
@@ -87,6 +88,42 @@ def _check_not_in_xla() -> None:
             "inside jit_compile=True. Set jit_compile=False: "
             "model.compile(..., jit_compile=False), or "
             "tf.function(..., jit_compile=False) for a custom loop.")
+
+
+def broadcast_initial_value(collectives: Collectives, variable: tf.Variable) -> None:
+    """Makes rank 0's initial value of `variable` every worker's."""
+    with tf.init_scope():
+        if not tf.executing_eagerly():
+            return  # TF1-style graph: initialisers run later, not here
+        value = variable.read_value()
+        if value.dtype not in SUPPORTED_DTYPES and value.dtype != tf.bool:
+            return  # e.g. string or resource state: not model parameters
+        variable.assign(collectives.broadcast([value], root=0)[0])
+
+
+def all_gather(collectives: Collectives, local: tf.Tensor, axis: int, rank: int,
+               size: int) -> tf.Tensor:
+    """Concatenates every worker's tensor along `axis` (lengths may differ).
+
+    Each worker places its rows at its own offset in a zero buffer and the
+    buffers are summed over workers: x + 0 is exact for every dtype.
+    """
+    is_bool = local.dtype == tf.bool
+    if is_bool:
+        local = tf.cast(local, tf.int32)
+    moved = tf.experimental.numpy.moveaxis(local, axis, 0) if axis else local
+    length = tf.shape(moved, out_type=tf.int64)[0]
+    lengths = collectives.allreduce([tf.one_hot(rank, size, dtype=tf.int64) * length])[0]
+    longest = tf.reduce_max(lengths)
+    padded = tf.pad(moved, [[0, longest - length]] + [[0, 0]] * (moved.shape.rank - 1))
+    slots = tf.scatter_nd(tf.constant([[rank]], tf.int64), padded[tf.newaxis],
+                          tf.concat([[size], tf.shape(padded, out_type=tf.int64)], 0))
+    summed = collectives.allreduce([slots])[0]
+    parts = [summed[r, :lengths[r]] for r in range(size)]
+    gathered = tf.concat(parts, axis=0)
+    if axis:
+        gathered = tf.experimental.numpy.moveaxis(gathered, 0, axis)
+    return tf.cast(gathered, tf.bool) if is_bool else gathered
 
 
 class DataParallelExtended(one_device_strategy.OneDeviceExtended):
@@ -191,18 +228,8 @@ class DataParallelExtended(one_device_strategy.OneDeviceExtended):
             if self._engine is not None and variable.trainable:
                 self._engine.place(variable)
             else:
-                self._broadcast_initial_value(variable)
+                broadcast_initial_value(self._collectives, variable)
         return variable
-
-    def _broadcast_initial_value(self, variable: tf.Variable) -> None:
-        """Makes rank 0's initial value everyone's."""
-        with tf.init_scope():
-            if not tf.executing_eagerly():
-                return  # TF1-style graph: initialisers run later, not here
-            value = variable.read_value()
-            if value.dtype not in SUPPORTED_DTYPES and value.dtype != tf.bool:
-                return  # e.g. string or resource state: not model parameters
-            variable.assign(self._collectives.broadcast([value], root=0)[0])
 
     def _local_results(self, value):
         if isinstance(value, (values_lib.DistributedValues, tf.distribute.DistributedValues)):
@@ -255,7 +282,7 @@ class DataParallelExtended(one_device_strategy.OneDeviceExtended):
     # -- running a step -----------------------------------------------------
     def _call_for_each_replica(self, fn, args, kwargs):
         if self._job.size > 1:
-            _check_not_in_xla()
+            check_not_in_xla()
         strategy = self._container_strategy()
         # Multi-worker input arrives as PerReplica values of one local replica.
         args = distribute_utils.select_replica(0, args)
@@ -291,7 +318,7 @@ class DataParallelExtended(one_device_strategy.OneDeviceExtended):
         if self._job.size == 1 or not tensors or self._engine is not None:
             # One worker, or asynchronous workers: nothing to combine.
             return [tf.identity(t) for t in tensors]
-        _check_not_in_xla()
+        check_not_in_xla()
         for t in tensors:
             if t.dtype not in SUPPORTED_DTYPES:
                 raise tf.errors.InvalidArgumentError(
@@ -327,33 +354,7 @@ class DataParallelExtended(one_device_strategy.OneDeviceExtended):
         local = self._local_tensor(value)
         if self._job.size == 1:
             return tf.identity(local)
-        return self._all_gather(local, axis)
-
-    def _all_gather(self, local: tf.Tensor, axis: int) -> tf.Tensor:
-        """Concatenates every worker's tensor along `axis` (lengths may differ).
-
-        Each worker places its rows at its own offset in a zero buffer and the
-        buffers are summed over workers: x + 0 is exact for every dtype.
-        """
-        size, rank = self._job.size, self._job.rank
-        is_bool = local.dtype == tf.bool
-        if is_bool:
-            local = tf.cast(local, tf.int32)
-        moved = tf.experimental.numpy.moveaxis(local, axis, 0) if axis else local
-        length = tf.shape(moved, out_type=tf.int64)[0]
-        lengths = self._collectives.allreduce(
-            [tf.one_hot(rank, size, dtype=tf.int64) * length])[0]
-        longest = tf.reduce_max(lengths)
-        padded = tf.pad(moved, [[0, longest - length]] + [[0, 0]] * (moved.shape.rank - 1))
-        slots = tf.scatter_nd(tf.constant([[rank]], tf.int64), padded[tf.newaxis],
-                              tf.concat([[size], tf.shape(padded, out_type=tf.int64)], 0))
-        summed = self._collectives.allreduce([slots])[0]
-        parts = [summed[r, :lengths[r]] for r in range(size)]
-        gathered = tf.concat(parts, axis=0)
-        if axis:
-            gathered = tf.experimental.numpy.moveaxis(gathered, 0, axis)
-        return tf.cast(gathered, tf.bool) if is_bool else gathered
-
+        return all_gather(self._collectives, local, axis, self._job.rank, self._job.size)
 
 class _WorkerReplicaContext(distribute_lib.ReplicaContext):
     """The replica context of this worker: replica `rank` of `size`."""
@@ -383,6 +384,7 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         self._job = job
         self._gradient_clipping = gradient_clipping
         keras_support.install_optimizer_hooks()
+        keras_support.install_build_hook()
         if job.size > 1:
             keras_support.saves_on_rank0_only(job.rank)
         # Skip MultiWorkerMirroredStrategy.__init__ (it would set up TF's own
@@ -421,13 +423,16 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
           ValueError: in SMBStrategy(mode="async"), whose workers are not in
             step (reading a metric still gives this worker's value).
         """
-        if any(isinstance(v, values_lib.PerReplica) for v in tf.nest.flatten(value)):
+        one_replica = getattr(self.extended, "local_replicas", 1) == 1
+        if (any(isinstance(v, values_lib.PerReplica) for v in tf.nest.flatten(value))
+                and (one_replica or keras_support.building_model())):
             return tf.nest.map_structure(
                 lambda v: v.values[0] if isinstance(v, values_lib.PerReplica) else v,
                 value)
+        parts = [p for v in tf.nest.flatten(value)
+                 for p in (v.values if isinstance(v, values_lib.PerReplica) else (v,))]
         if axis is not None and all(
-                getattr(v, "shape", None) is not None and v.shape.rank == 0
-                for v in tf.nest.flatten(value)):
+                getattr(p, "shape", None) is not None and p.shape.rank == 0 for p in parts):
             axis = None
         return super().reduce(reduce_op, value, axis)
 

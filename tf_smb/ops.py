@@ -155,6 +155,15 @@ def allreduce(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     return list(_library().smb_all_reduce(tensors, key=_call_site("allreduce")))
 
 
+def replica_sum(parts: Sequence[Sequence[tf.Tensor]]) -> List[tf.Tensor]:
+    """Sums the replicas' parts of each value inside this process.
+
+    `parts[i]` holds value i's part from every local replica (same dtype and
+    shape); the result is one sum per value.
+    """
+    return [p[0] if len(p) == 1 else tf.add_n(list(p)) for p in parts]
+
+
 def broadcast(tensors: Sequence[tf.Tensor], root: int = 0) -> List[tf.Tensor]:
     """Every worker gets worker `root`'s tensors (bool is carried as int32).
 

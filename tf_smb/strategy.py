@@ -1,8 +1,9 @@
 """SMBStrategy: data-parallel training whose workers share parameters through
 the Soft Memory Box instead of passing messages.
 
-One replica per process. Variables created in the strategy's scope start equal
-on every worker (broadcast from rank 0). mode="sync": gradients are summed
+One replica per process (or `local_replicas` threads of one process sharing
+one parameter copy: tf_smb/local_replicas.py). Variables created in the
+strategy's scope start equal on every worker (broadcast from rank 0). mode="sync": gradients are summed
 through the box in one fused collective per step, so N workers with batch B
 train like one process with batch N*B. mode="async": trainable variables live
 in the box; workers read them every step and push updates without waiting.
@@ -18,6 +19,7 @@ from typing import Literal, Optional
 
 from tf_smb import env as env_lib
 from tf_smb import keras_support
+from tf_smb import local_replicas as local_replicas_lib
 from tf_smb import ops as smb_ops
 from tf_smb.async_mode import AsyncConfig, AsyncEngine
 from tf_smb.collectives import SMBCollectives
@@ -92,6 +94,12 @@ class SMBStrategy(DataParallelStrategy):
         its own part before the sum, as Keras does under
         tf.distribute.MirroredStrategy (and MultiWorkerMirroredStrategy). In
         async mode there is no sum: each worker clips its own gradient.
+      local_replicas: replicas in each process, as threads on their own
+        logical CPU devices sharing one copy of the parameters (SingleCaffe's
+        design, tf_smb/local_replicas.py); `num_replicas_in_sync` is
+        local_replicas x processes. Sync mode only. Create the strategy
+        before other TensorFlow work: TensorFlow fixes its devices at its
+        first op.
 
     In async mode every worker must create the same trainable variables in
     the same order; each gets a box segment named after its path, and a
@@ -108,7 +116,8 @@ class SMBStrategy(DataParallelStrategy):
                  consistency: Consistency = "consistent", timeout_s: Optional[float] = None,
                  staging_bytes: Optional[int] = None,
                  job: Optional[env_lib.JobInfo] = None,
-                 gradient_clipping: GradientClipping = "after_sum") -> None:
+                 gradient_clipping: GradientClipping = "after_sum",
+                 local_replicas: int = 1) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
         check_gradient_clipping(gradient_clipping)
@@ -125,6 +134,14 @@ class SMBStrategy(DataParallelStrategy):
                                or momentum or consistency != "consistent"):
             raise ValueError("staleness, update, momentum and consistency apply to "
                              "mode='async' only")
+        if local_replicas != 1:
+            if mode != "sync":
+                raise ValueError(
+                    "local_replicas > 1 works with mode='sync' only for now (the "
+                    "asynchronous mode's parameter-server thread is not built); got "
+                    f"mode={mode!r}")
+            # Before anything else runs an op: TensorFlow fixes its devices then.
+            devices = local_replicas_lib.logical_cpu_devices(local_replicas)
         job = job or env_lib.detect()
         if job.size > 1:
             job = smb_ops.init(job, timeout_s=timeout_s, staging_bytes=staging_bytes)
@@ -138,8 +155,11 @@ class SMBStrategy(DataParallelStrategy):
                     job, AsyncConfig(staleness=staleness, update=update, momentum=momentum,
                                      consistent=consistency == "consistent"),
                     collectives)
-        self._setup(job, DataParallelExtended(self, job, collectives, async_engine=engine),
-                    gradient_clipping)
+        if local_replicas != 1:
+            extended = local_replicas_lib.LocalReplicasExtended(self, job, collectives, devices)
+        else:
+            extended = DataParallelExtended(self, job, collectives, async_engine=engine)
+        self._setup(job, extended, gradient_clipping)
 
     @property
     def mode(self) -> Mode:

@@ -358,10 +358,13 @@ def main():
     if os.environ.get("TEST_STRATEGY") == "horovod":
         strategy = tf_smb.HorovodStrategy()
     else:
-        strategy = tf_smb.SMBStrategy(timeout_s=float(os.environ.get("TEST_TIMEOUT", "60")))
+        strategy = tf_smb.SMBStrategy(
+            timeout_s=float(os.environ.get("TEST_TIMEOUT", "60")),
+            local_replicas=int(os.environ.get("TEST_LOCAL_REPLICAS", "1")))
     result = globals()["scenario_" + a.scenario](strategy, a)
     result["rank"] = strategy.rank
     result["size"] = strategy.size
+    result["replicas"] = strategy.num_replicas_in_sync
     report(result, a.result_dir)
 
 

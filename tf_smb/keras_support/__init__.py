@@ -15,7 +15,8 @@ behaves exactly as without tf_smb.
 `install()` puts the fit, data, saving and callback hooks in place (once per
 process); each hook then asks the model's own strategy whether to act.
 """
-from tf_smb.keras_support.fit import in_eval_phase, install_async_hooks
+from tf_smb.keras_support.fit import (building_model, in_eval_phase, install_async_hooks,
+                                     install_build_hook)
 from tf_smb.keras_support.optimizer import install_optimizer_hooks
 from tf_smb.keras_support.saving import saves_on_rank0_only
 from tf_smb.keras_support.callbacks import install_callback_hooks
@@ -23,6 +24,6 @@ from tf_smb.keras_support.fit import install_fit_hooks
 from tf_smb.keras_support.hooks import install
 from tf_smb.keras_support.saving import install_saving_hooks
 
-__all__ = ["in_eval_phase", "install_async_hooks", "install_optimizer_hooks",
+__all__ = ["building_model", "install_build_hook", "in_eval_phase", "install_async_hooks", "install_optimizer_hooks",
            "saves_on_rank0_only", "install", "install_fit_hooks",
            "install_saving_hooks", "install_callback_hooks"]

@@ -29,6 +29,33 @@ def _eval_phase():
 
 
 _HOOKED = False
+_BUILD_HOOKED = False
+
+
+def building_model() -> bool:
+    """True while Keras builds a model from its first data batch (it reduces
+    that batch over replicas only to learn its structure)."""
+    return getattr(_phase, "build_depth", 0) > 0
+
+
+def install_build_hook() -> None:
+    """Marks Keras' build from a data batch (see `building_model`); idempotent."""
+    global _BUILD_HOOKED
+    if _BUILD_HOOKED:
+        return
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer  # pylint: disable=import-outside-toplevel
+    build = TensorFlowTrainer._maybe_symbolic_build  # pylint: disable=protected-access
+
+    @functools.wraps(build)
+    def build_hook(self, *args, **kwargs):
+        _phase.build_depth = getattr(_phase, "build_depth", 0) + 1
+        try:
+            return build(self, *args, **kwargs)
+        finally:
+            _phase.build_depth -= 1
+
+    TensorFlowTrainer._maybe_symbolic_build = build_hook  # pylint: disable=protected-access
+    _BUILD_HOOKED = True
 
 
 def _async_strategy(model) -> Optional[Any]:

@@ -1,0 +1,63 @@
+"""SMBStrategy(local_replicas=N): N replicas as threads of each process, one
+parameter copy (SingleCaffe's design). N processes x M replicas with batch B
+train like one process with batch N*M*B."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from harness import WORKERS, max_diff, run_python, run_ranks, run_single
+
+KERAS = os.path.join(WORKERS, "keras_worker.py")
+GLOBAL = 24  # global batch: divisible by 1x2, 1x3, 2x2 (and 2x3) replicas
+
+
+def _single(scenario):
+    return run_single([KERAS, scenario, "--batch", str(GLOBAL)], timeout=300).check().json()
+
+
+def _local(scenario, processes, replicas):
+    env = {"TEST_LOCAL_REPLICAS": str(replicas)}
+    batch = str(GLOBAL // (processes * replicas))
+    if processes == 1:
+        return [run_single([KERAS, scenario, "--batch", batch], timeout=300,
+                           env=env).check().json()]
+    return [r.check().json()
+            for r in run_ranks([KERAS, scenario, "--batch", batch], processes, timeout=300,
+                               env=env)]
+
+
+@pytest.fixture(scope="module")
+def fit_single():
+    return _single("fit")
+
+
+@pytest.mark.parametrize("processes,replicas", [(1, 2), (1, 3), (2, 2)])
+def test_fit_evaluate_predict_equal_one_process(fit_single, processes, replicas):
+    results = _local("fit", processes, replicas)
+    for r in results:
+        where = f"rank {r['rank']} of {processes} x {replicas} replicas"
+        assert r["size"] == processes and r["replicas"] == processes * replicas, where
+        assert max_diff(r["weights"], fit_single["weights"]) < 1e-5, where
+        np.testing.assert_allclose(r["loss"], fit_single["loss"], rtol=1e-5, err_msg=where)
+        for key in ("eval", "eval_numpy"):
+            for metric in ("loss", "accuracy"):
+                assert r[key][metric] == pytest.approx(fit_single[key][metric], abs=1e-5), (
+                    f"{where}: {key} {metric}")
+        for key in ("pred", "pred_numpy"):
+            assert np.shape(r[key]) == (53, 3), f"{where}: {key}"
+            np.testing.assert_allclose(r[key], fit_single[key], atol=1e-5, err_msg=where)
+    if processes > 1:
+        assert max_diff(results[0]["weights"], results[1]["weights"]) == 0.0
+
+
+@pytest.mark.parametrize("processes,replicas", [(1, 3), (2, 2)])
+def test_custom_loop_equal_one_process(processes, replicas):
+    single = _single("custom")
+    for r in _local("custom", processes, replicas):
+        where = f"rank {r['rank']} of {processes} x {replicas} replicas"
+        assert max_diff(r["weights"], single["weights"]) < 1e-5, where
+        np.testing.assert_allclose(r["loss"], single["loss"], rtol=1e-5, err_msg=where)
+        # strategy.run gives every replica its own batch; strategy.reduce counts them all.
+        assert r["total"] == 53 and r["correct"] == single["correct"], where

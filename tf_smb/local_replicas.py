@@ -1,0 +1,265 @@
+"""SingleCaffe's mode: many replicas as threads of one process, one copy of
+the parameters, combined with the other processes through the box.
+
+    strategy = tf_smb.SMBStrategy(local_replicas=3)   # 3 replicas per process
+
+Each process runs `local_replicas` replicas, each on its own logical CPU
+device (GPUs may come later: `devices` is the list to extend). TensorFlow's
+mirrored runner traces one replica per Python thread and the replicas' ops
+then run concurrently on the process's executor threads.
+
+  * Variables: one copy per process, on the parameter device; every replica
+    reads it. Trainable variables and optimizer state are
+    AggregatingVariables (as in TensorFlow's CentralStorageStrategy): an
+    assignment made in a replica is combined over all replicas and applied
+    once. Metric variables (synchronization=ON_READ) keep one small copy per
+    replica, so replicas count without meeting; a read outside the replicas
+    sums them, and over processes.
+  * Gradients: the replicas' gradients are summed inside the process by the
+    partitioned reduction (`tf_smb.ops.replica_sum`: part r of the output is
+    summed by one thread from every replica's part r), then over processes
+    through the box, as with one replica per process.
+  * Input: the global batch is split over all replicas of all processes, as
+    MultiWorkerMirroredStrategy splits it over its workers' devices.
+
+Only mode="sync" has local replicas for now (the parameter-server thread of
+the asynchronous mode is not built).
+"""
+from __future__ import annotations
+
+from typing import Any, List, Sequence
+
+import tensorflow as tf
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import distribute_utils
+from tensorflow.python.distribute import input_util
+from tensorflow.python.distribute import mirrored_run
+from tensorflow.python.distribute import parameter_server_strategy
+from tensorflow.python.distribute import values as values_lib
+
+from tf_smb import env as env_lib
+from tf_smb import ops as smb_ops
+from tf_smb.collectives import Collectives
+from tf_smb import data_parallel
+
+
+def logical_cpu_devices(count: int) -> List[str]:
+    """The names of `count` logical CPU devices, creating them when needed.
+
+    TensorFlow fixes its devices when its runtime starts (the first op), so
+    this must run before that, unless the user configured enough devices.
+
+    Raises:
+      ValueError: the runtime started with fewer logical CPU devices.
+    """
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"local_replicas must be an int >= 1, got {count!r}")
+    physical = tf.config.list_physical_devices("CPU")
+    configured = tf.config.get_logical_device_configuration(physical[0])
+    if configured is None or len(configured) < count:
+        try:
+            tf.config.set_logical_device_configuration(
+                physical[0], [tf.config.LogicalDeviceConfiguration()] * count)
+        except RuntimeError:
+            pass  # runtime already started: checked below
+    logical = tf.config.list_logical_devices("CPU")
+    if len(logical) < count:
+        raise ValueError(
+            f"local_replicas={count} needs {count} logical CPU devices, but TensorFlow "
+            f"started with {len(logical)}: its devices are fixed by the first op that "
+            "runs. Create SMBStrategy(local_replicas=...) before any other TensorFlow "
+            "work, or configure the devices first with "
+            "tf.config.set_logical_device_configuration.")
+    return [d.name for d in logical[:count]]
+
+
+class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExtended):
+    """The workings of SMBStrategy(local_replicas=N): N replicas in this process
+    (one per device in `devices`), one parameter copy, many processes."""
+
+    def __init__(self, container_strategy: "data_parallel.DataParallelStrategy",
+                 job: env_lib.JobInfo, collectives: Collectives,
+                 devices: Sequence[str]) -> None:
+        super().__init__(container_strategy, compute_devices=list(devices),
+                         parameter_device=devices[0])
+        self._job = job
+        self._collectives = collectives
+        self._local = len(devices)
+        # As DataParallelExtended: uneven shards end every worker's epoch together.
+        self.experimental_enable_get_next_as_optional = True
+        self.enable_partial_batch_handling = True
+
+    # -- who we are ---------------------------------------------------------
+    @property
+    def collectives(self) -> Collectives:
+        """What combines tensors across processes."""
+        return self._collectives
+
+    @property
+    def async_engine(self) -> None:
+        """None: local replicas train in step."""
+        return None
+
+    @property
+    def local_replicas(self) -> int:
+        """Replicas in this process."""
+        return self._local
+
+    def _in_multi_worker_mode(self) -> bool:
+        return self._job.size > 1
+
+    @property
+    def _num_replicas_in_sync(self) -> int:
+        return self._local * self._job.size
+
+    def _get_local_replica_id(self, replica_id_in_sync_group: int) -> int:
+        return replica_id_in_sync_group - self._job.rank * self._local
+
+    def _get_replica_id_in_sync_group(self, replica_id: int) -> int:
+        return self._job.rank * self._local + replica_id
+
+    @property
+    def should_checkpoint(self) -> bool:
+        return self._job.rank == 0
+
+    @property
+    def should_save_summary(self) -> bool:
+        return self._job.rank == 0
+
+    @property
+    def experimental_should_init(self) -> bool:
+        return True
+
+    # -- variables ----------------------------------------------------------
+    def _create_variable(self, next_creator, **kwargs):
+        synchronization = kwargs.get("synchronization", tf.VariableSynchronization.AUTO)
+        aggregation = kwargs.get("aggregation", tf.VariableAggregation.NONE)
+        if (synchronization == tf.VariableSynchronization.ON_READ
+                and aggregation != tf.VariableAggregation.NONE):
+            return self._create_per_replica_variable(next_creator, **kwargs)
+        variable = super()._create_variable(next_creator, **kwargs)
+        if self._job.size > 1:
+            data_parallel.broadcast_initial_value(self._collectives, variable)
+        return variable
+
+    def _create_per_replica_variable(self, next_creator, **kwargs):
+        """A SyncOnReadVariable with one copy per local replica (metrics)."""
+        aggregation = kwargs["aggregation"]
+        name = kwargs.get("name")
+        copies = []
+        for i, device in enumerate(self._compute_devices):
+            copy_kwargs = dict(kwargs)
+            if i > 0:
+                if name is not None:
+                    copy_kwargs["name"] = f"{name}/replica_{i}"
+                # Every copy starts from the first one's value.
+                first = copies[0]
+                copy_kwargs["initial_value"] = lambda first=first: tf.identity(first.value())
+            with tf.device(device), tf.init_scope():
+                copies.append(next_creator(**copy_kwargs))
+        return values_lib.SyncOnReadVariable(self._container_strategy(), copies, aggregation)
+
+    # -- input --------------------------------------------------------------
+    def _make_input_context(self) -> distribute_lib.InputContext:
+        return distribute_lib.InputContext(
+            num_input_pipelines=self._job.size,
+            input_pipeline_id=self._job.rank,
+            num_replicas_in_sync=self._num_replicas_in_sync)
+
+    def _experimental_distribute_dataset(self, dataset, options):
+        return input_util.get_distributed_dataset(
+            dataset,
+            self._input_workers_with_options(options),
+            self._container_strategy(),
+            num_replicas_in_sync=self._num_replicas_in_sync,
+            input_context=self._make_input_context() if self._job.size > 1 else None,
+            options=options)
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        return input_util.get_distributed_datasets_from_function(
+            dataset_fn,
+            self._input_workers_with_options(options),
+            [self._make_input_context()],
+            self._container_strategy(),
+            options=options)
+
+    def _experimental_distribute_values_from_function(self, value_fn):
+        values = [value_fn(distribute_lib.ValueContext(
+            self._get_replica_id_in_sync_group(r), self._num_replicas_in_sync))
+                  for r in range(self._local)]
+        return distribute_utils.regroup(values, always_wrap=True)
+
+    # -- running a step -----------------------------------------------------
+    def _call_for_each_replica(self, fn, args, kwargs):
+        data_parallel.check_not_in_xla()
+        return mirrored_run.call_for_each_replica(self._container_strategy(), fn,
+                                                  args, kwargs)
+
+    # -- reductions -----------------------------------------------------------
+    def _replica_parts(self, value: Any) -> List[tf.Tensor]:
+        """This process's parts of `value`: one per local replica for a
+        distributed value, else the value itself (one part for the process)."""
+        if isinstance(value, (values_lib.DistributedValues, tf.distribute.DistributedValues)):
+            parts = list(value._values)  # pylint: disable=protected-access
+        else:
+            parts = [value]
+        return [tf.convert_to_tensor(p) if not isinstance(p, tf.IndexedSlices)
+                else tf.convert_to_tensor(p) for p in parts]
+
+    def _combine(self, reduce_op: tf.distribute.ReduceOp,
+                 values: Sequence[Any]) -> List[tf.Tensor]:
+        """Sums (or averages) over local replicas, then over processes."""
+        if not values:
+            return []
+        parts = [self._replica_parts(v) for v in values]
+        for p in parts:
+            for t in p:
+                if t.dtype not in data_parallel.SUPPORTED_DTYPES:
+                    raise tf.errors.InvalidArgumentError(
+                        None, None,
+                        "tf_smb reduces float32, float64, float16, bfloat16, "
+                        f"int32 and int64 tensors; got {t.dtype.name}")
+        with tf.device(self._variable_device):
+            local = smb_ops.replica_sum(parts)
+            if self._job.size > 1:
+                data_parallel.check_not_in_xla()
+                local = self._collectives.allreduce(local)
+            if reduce_op == tf.distribute.ReduceOp.MEAN:
+                counts = [len(p) * self._job.size for p in parts]
+                local = [s / tf.cast(n, s.dtype) if s.dtype.is_floating else s // n
+                         for s, n in zip(local, counts)]
+        return local
+
+    def all_reduce(self, reduce_op: tf.distribute.ReduceOp,
+                   values: Sequence[Any]) -> List[tf.Tensor]:
+        """Sums (or averages) values over all replicas of all processes: in a
+        replica, through its replica context; outside, over the values'
+        local parts."""
+        context = tf.distribute.get_replica_context()
+        if context is not None and not isinstance(
+                context, distribute_lib._DefaultReplicaContext):  # pylint: disable=protected-access
+            return list(context.all_reduce(reduce_op, list(values)))
+        return self._combine(reduce_op, values)
+
+    def _mirrored(self, tensor: tf.Tensor) -> values_lib.Mirrored:
+        return values_lib.Mirrored(tuple([tensor] * self._local))
+
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        del destinations, options
+        flat = tf.nest.flatten(value)
+        return tf.nest.pack_sequence_as(value, self._combine(reduce_op, flat))
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        del options
+        summed = self._combine(reduce_op, [v for v, _ in value_destination_pairs])
+        return [self._mirrored(s) for s in summed]
+
+    def _gather_to_implementation(self, value, destinations, axis, options):
+        del destinations, options
+        parts = self._replica_parts(value)
+        with tf.device(self._variable_device):
+            local = parts[0] if len(parts) == 1 else tf.concat(parts, axis=axis)
+            if self._job.size == 1:
+                return tf.identity(local)
+            return data_parallel.all_gather(self._collectives, local, axis,
+                                            self._job.rank, self._job.size)
