@@ -61,3 +61,43 @@ def test_custom_loop_equal_one_process(processes, replicas):
         np.testing.assert_allclose(r["loss"], single["loss"], rtol=1e-5, err_msg=where)
         # strategy.run gives every replica its own batch; strategy.reduce counts them all.
         assert r["total"] == 53 and r["correct"] == single["correct"], where
+
+
+def test_one_parameter_copy_per_process():
+    """3 local replicas hold one copy of a 64 MiB layer: the process grows like
+    a plain one, while MirroredStrategy on the same 3 devices grows by its 2
+    extra copies (and per-replica gradients) more (the measurement sees copies)."""
+    worker = os.path.join(WORKERS, "memory_worker.py")
+    grown = {kind: run_single([worker, kind, str(n)], timeout=300).check().json()
+             for kind, n in (("plain", 1), ("smb", 3), ("mirrored", 3))}
+    copy = grown["plain"]["copy_mb"]
+    assert copy == 64.0 and grown["smb"]["replicas"] == 3
+    extra = {k: grown[k]["grown_mb"] - grown["plain"]["grown_mb"] for k in ("smb", "mirrored")}
+    assert extra["smb"] < 0.5 * copy, f"SMB with 3 local replicas: {grown}"
+    assert extra["mirrored"] > 1.5 * copy, f"MirroredStrategy reference: {grown}"
+
+
+def test_replica_sum_op_every_dtype_and_bad_parts():
+    out = run_python(
+        "import json, numpy as np, tensorflow as tf\n"
+        "from tf_smb import ops\n"
+        "dtypes = [tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64]\n"
+        "ok = []\n"
+        "for n in (2, 3):\n"
+        "    parts = [[tf.cast(tf.range(37 * (d + 1)) % 11 + r, dt) for r in range(n)]\n"
+        "             for d, dt in enumerate(dtypes)]\n"
+        "    sums = ops.replica_sum(parts)\n"
+        "    for ps, s in zip(parts, sums):\n"
+        "        want = np.sum([p.numpy().astype(np.float64) for p in ps], axis=0)\n"
+        "        ok.append(s.dtype == ps[0].dtype and bool(np.array_equal(\n"
+        "            s.numpy().astype(np.float64), want)))\n"
+        "try:\n"
+        "    ops.replica_sum([[tf.zeros([3]), tf.zeros([4])]])\n"
+        "    error = ''\n"
+        "except tf.errors.InvalidArgumentError as e:\n"
+        "    error = e.message\n"
+        "print(json.dumps({'ok': ok, 'error': error}))\n")
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["ok"] == [True] * 12, result
+    assert "replica 1 gave float[4]" in result["error"] and "like replica 0's" in result["error"], (
+        result["error"])

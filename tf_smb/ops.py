@@ -156,12 +156,24 @@ def allreduce(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
 
 
 def replica_sum(parts: Sequence[Sequence[tf.Tensor]]) -> List[tf.Tensor]:
-    """Sums the replicas' parts of each value inside this process.
+    """Sums the local replicas' parts of each value inside this process.
 
     `parts[i]` holds value i's part from every local replica (same dtype and
-    shape); the result is one sum per value.
+    shape). All values are summed in one op by SingleCaffe's partitioned
+    reduction: one thread per replica sums its slice of every value.
     """
-    return [p[0] if len(p) == 1 else tf.add_n(list(p)) for p in parts]
+    parts = [[tf.convert_to_tensor(p) for p in value] for value in parts]
+    if not parts:
+        return []
+    replicas = len(parts[0])
+    if any(len(value) != replicas for value in parts):
+        raise ValueError("replica_sum: every value needs one part per replica; got "
+                         f"{[len(value) for value in parts]} parts")
+    if replicas == 1:
+        return [value[0] for value in parts]
+    flat = [p for value in parts for p in value]
+    return list(_library().smb_replica_sum(flat, S=[value[0].dtype for value in parts],
+                                           replicas=replicas))
 
 
 def broadcast(tensors: Sequence[tf.Tensor], root: int = 0) -> List[tf.Tensor]:

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cc/smb/algorithms/replica_sum.h"
 #include "cc/smb/communicator.h"
 #include "cc/smb/scheduler.h"
 #include "cc/smb/segment/segment_io.h"
@@ -381,6 +382,66 @@ class SmbBarrierOp : public AsyncOpKernel {
   std::string site_;
 };
 
+// Local replicas (SingleCaffe's mode): their parts are summed in this process,
+// one part per replica, run on TensorFlow's intra-op threads.
+class SmbReplicaSumOp : public OpKernel {
+ public:
+  explicit SmbReplicaSumOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("replicas", &replicas_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const int values = c->num_outputs();
+    OP_REQUIRES(c, c->num_inputs() == values * replicas_,
+                absl::InvalidArgumentError(
+                    "SmbReplicaSum: expected " + std::to_string(values) + " values x " +
+                    std::to_string(replicas_) + " replicas = " +
+                    std::to_string(values * replicas_) + " parts, got " +
+                    std::to_string(c->num_inputs())));
+    std::vector<smb::ReplicaSumTensor> tensors(values);
+    for (int i = 0; i < values; ++i) {
+      const Tensor& first = c->input(i * replicas_);
+      smb::ReplicaSumTensor& t = tensors[i];
+      OP_REQUIRES(c, ToSmbDType(first.dtype(), &t.dtype),
+                  absl::InvalidArgumentError("SmbReplicaSum: unsupported dtype " +
+                                             DataTypeString(first.dtype())));
+      OP_REQUIRES(c, c->expected_output_dtype(i) == first.dtype(),
+                  absl::InvalidArgumentError(
+                      "SmbReplicaSum: value " + std::to_string(i) + " is " +
+                      DataTypeString(first.dtype()) + " but its sum was declared " +
+                      DataTypeString(c->expected_output_dtype(i))));
+      t.elements = static_cast<size_t>(first.NumElements());
+      for (int r = 0; r < replicas_; ++r) {
+        const Tensor& part = c->input(i * replicas_ + r);
+        OP_REQUIRES(c, part.dtype() == first.dtype() && part.shape() == first.shape(),
+                    absl::InvalidArgumentError(
+                        "SmbReplicaSum: every replica's part of value " + std::to_string(i) +
+                        " must be " + DataTypeString(first.dtype()) +
+                        first.shape().DebugString() + " like replica 0's; replica " +
+                        std::to_string(r) + " gave " + DataTypeString(part.dtype()) +
+                        part.shape().DebugString()));
+        t.replicas.push_back(part.tensor_data().data());
+      }
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(c, c->forward_input_or_allocate_output({i * replicas_}, i,
+                                                            first.shape(), &out));
+      t.out = const_cast<char*>(out->tensor_data().data());
+    }
+    auto* workers = c->device()->tensorflow_cpu_worker_threads()->workers;
+    const smb::Status s = smb::ReplicaSum(
+        tensors, replicas_, [workers](int parts, const std::function<void(int)>& part) {
+          // One block per part: each part is a thread's whole share.
+          workers->TransformRangeConcurrently(
+              1, parts, [&part](int64_t begin, int64_t end) {
+                for (int64_t p = begin; p < end; ++p) part(static_cast<int>(p));
+              });
+        });
+    OP_REQUIRES_OK(c, ToTfStatus(s));
+  }
+
+ private:
+  int replicas_;
+};
+
 // ---- Asynchronous mode ------------------------------------------------------
 
 absl::Status DescribeTensor(const Tensor& t, smb::DType* dtype,
@@ -639,6 +700,7 @@ REGISTER_KERNEL_BUILDER(Name("SmbWaitAllFinished").Device(DEVICE_CPU), SmbWaitAl
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentHome").Device(DEVICE_CPU), SmbSegmentHomeOp);
 
 REGISTER_KERNEL_BUILDER(Name("SmbInit").Device(DEVICE_CPU), SmbInitOp);
+REGISTER_KERNEL_BUILDER(Name("SmbReplicaSum").Device(DEVICE_CPU), SmbReplicaSumOp);
 REGISTER_KERNEL_BUILDER(Name("SmbAllReduce").Device(DEVICE_CPU), SmbAllReduceOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBroadcast").Device(DEVICE_CPU), SmbBroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBarrier").Device(DEVICE_CPU), SmbBarrierOp);

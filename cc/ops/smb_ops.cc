@@ -11,7 +11,29 @@ Status SameShapesAsInputs(shape_inference::InferenceContext* c) {
   return OkStatus();
 }
 
+// Output i has the shape of input i * replicas (the first replica's part).
+Status FirstReplicaShapes(shape_inference::InferenceContext* c) {
+  int replicas = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("replicas", &replicas));
+  for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i * replicas));
+  return OkStatus();
+}
+
 }  // namespace
+
+REGISTER_OP("SmbReplicaSum")
+    .Input("parts: T")
+    .Output("sums: S")
+    .Attr("T: list({float, double, half, bfloat16, int8, uint8, int16, uint16, int32, int64}) >= 1")
+    .Attr("S: list({float, double, half, bfloat16, int8, uint8, int16, uint16, int32, int64}) >= 1")
+    .Attr("replicas: int >= 1")
+    .SetShapeFn(FirstReplicaShapes)
+    .Doc(R"doc(
+Sums the local replicas' parts of every value inside this process (SingleCaffe's
+partitioned reduction: one thread per replica sums its slice of all values from
+every replica). `parts` holds value 0's part from replica 0, 1, ..., then value
+1's, and so on; sums[i] is value i's sum (dtype S[i] == T[i * replicas]).
+)doc");
 
 REGISTER_OP("SmbInit")
     .Attr("job_id: string")
