@@ -12,6 +12,11 @@ Launch (two workers, one replica each):
     mpirun -np 2 python examples/keras_digits.py
     srun --ntasks=2 python examples/keras_digits.py
 
+One process, three replicas as its threads sharing one copy of the parameters
+(SingleCaffe's design; combine with -np for several such processes):
+
+    python examples/keras_digits.py --local_replicas=3
+
 Single process, without tf_smb:
 
     python examples/keras_digits.py --strategy=default
@@ -57,6 +62,9 @@ def define_common_flags() -> None:
     flags.DEFINE_enum("strategy", "smb", list(STRATEGIES),
                       "Distribution strategy: tf_smb.SMBStrategy, "
                       "tf.distribute.MirroredStrategy, or none (default).")
+    flags.DEFINE_integer("local_replicas", 1,
+                         "--strategy=smb, sync: replicas per process, as threads sharing "
+                         "one copy of the parameters.")
     flags.DEFINE_integer("epochs", 15, "Training epochs.")
     flags.DEFINE_integer("batch_size", 64, "GLOBAL batch size (all workers together).")
     flags.DEFINE_float("learning_rate", 0.003, "Adam learning rate.")
@@ -137,7 +145,7 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
             return _import_tf_smb().SMBStrategy(
                 mode="async", staleness=FLAGS.staleness, update=FLAGS.update,
                 momentum=box_momentum() if FLAGS.update == "sgd" else 0.0)
-        return _import_tf_smb().SMBStrategy()
+        return _import_tf_smb().SMBStrategy(local_replicas=FLAGS.local_replicas)
     if name == "horovod":
         return _import_tf_smb().HorovodStrategy()
     if name == "mirrored":

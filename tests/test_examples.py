@@ -29,3 +29,12 @@ def test_custom_loop_two_workers_reach_090():
     accs = _accuracies(p.stdout, 2)
     assert min(accs) >= 0.90, accs
     assert accs[0] == accs[1]
+
+
+def test_keras_digits_two_workers_of_two_replica_threads_reach_090():
+    p = run_launcher(2, [os.path.join(REPO, "examples", "keras_digits.py"),
+                         "--local_replicas=2", "--epochs=5"], timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
+    accs = _accuracies(p.stdout, 2)
+    assert min(accs) >= 0.90, accs
+    assert accs[0] == accs[1]
