@@ -16,6 +16,7 @@ One process, three replicas as its threads sharing one copy of the parameters
 (SingleCaffe's design; combine with -np for several such processes):
 
     python examples/keras_digits.py --local_replicas=3
+    python examples/keras_digits.py --local_replicas=3 --mode=async --update=sgd
 
 Single process, without tf_smb:
 
@@ -63,8 +64,8 @@ def define_common_flags() -> None:
                       "Distribution strategy: tf_smb.SMBStrategy, "
                       "tf.distribute.MirroredStrategy, or none (default).")
     flags.DEFINE_integer("local_replicas", 1,
-                         "--strategy=smb, sync: replicas per process, as threads sharing "
-                         "one copy of the parameters.")
+                         "--strategy=smb: replicas per process, as threads sharing one "
+                         "copy of the parameters (async: one process).")
     flags.DEFINE_integer("epochs", 15, "Training epochs.")
     flags.DEFINE_integer("batch_size", 64, "GLOBAL batch size (all workers together).")
     flags.DEFINE_float("learning_rate", 0.003, "Adam learning rate.")
@@ -144,7 +145,8 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
             # With update=sgd the box runs momentum SGD from the pushed gradient.
             return _import_tf_smb().SMBStrategy(
                 mode="async", staleness=FLAGS.staleness, update=FLAGS.update,
-                momentum=box_momentum() if FLAGS.update == "sgd" else 0.0)
+                momentum=box_momentum() if FLAGS.update == "sgd" else 0.0,
+                local_replicas=FLAGS.local_replicas)
         return _import_tf_smb().SMBStrategy(local_replicas=FLAGS.local_replicas)
     if name == "horovod":
         return _import_tf_smb().HorovodStrategy()

@@ -2,7 +2,9 @@
 import os
 import re
 
-from harness import REPO, rank_lines, run_launcher
+import pytest
+
+from harness import REPO, rank_lines, run_launcher, run_single
 
 
 def _accuracies(output, world):
@@ -38,3 +40,13 @@ def test_keras_digits_two_workers_of_two_replica_threads_reach_090():
     accs = _accuracies(p.stdout, 2)
     assert min(accs) >= 0.90, accs
     assert accs[0] == accs[1]
+
+
+@pytest.mark.parametrize("update", ["delta", "sgd"])
+def test_keras_digits_async_three_replica_threads_reach_090(update):
+    p = run_single([os.path.join(REPO, "examples", "keras_digits.py"), "--mode=async",
+                    "--local_replicas=3", f"--update={update}", "--epochs=8"], timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
+    found = [float(m.group(1)) for line in p.stdout.splitlines()
+             for m in [re.match(r"test accuracy: ([0-9.]+)", line)] if m]
+    assert found and found[-1] >= 0.90, p.stdout[-3000:]

@@ -101,3 +101,44 @@ def test_replica_sum_op_every_dtype_and_bad_parts():
     assert result["ok"] == [True] * 12, result
     assert "replica 1 gave float[4]" in result["error"] and "like replica 0's" in result["error"], (
         result["error"])
+
+
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_async_replica_threads_lose_no_update_within_the_staleness_bound(staleness):
+    """3 replica threads push +1 2,000 times each through the parameter-server
+    thread: all 6,000 arrive, and no step starts before the updates of the
+    steps more than `staleness` behind it are applied."""
+    worker = os.path.join(WORKERS, "local_async_worker.py")
+    r = run_single([worker, "--steps", "2000", "--staleness", str(staleness)],
+                   timeout=300).check().json()
+    assert r["replicas"] == 3
+    assert r["value"] == 6000.0 and r["applied"] == 6000, r
+    assert r["min_lead"] >= 0, f"a step read fewer updates than staleness={staleness} allows: {r}"
+
+
+def test_async_local_replicas_across_processes_is_refused():
+    results = run_ranks(["-c", "import tf_smb; tf_smb.SMBStrategy(mode='async', local_replicas=2)"],
+                        2, timeout=120)
+    for r in results:
+        assert r.returncode != 0 and "runs in one process for now" in r.stderr, (
+            f"rank {r.rank}: {r.stderr[-2000:]}")
+
+
+def test_batch_norm_statistics_take_the_first_replicas_update():
+    """Keras' BatchNormalization assigns its moving statistics inside each
+    replica with no aggregation: the one copy takes replica 0's assignment,
+    the value a MirroredStrategy model reports (its first copy)."""
+    out = run_python(
+        "import json, numpy as np\n"
+        "import tf_smb\n"
+        "strategy = tf_smb.SMBStrategy(local_replicas=2)\n"
+        "import tensorflow as tf, keras\n"
+        "x = np.concatenate([np.zeros((4, 3)), np.ones((4, 3)) * 10]).astype('float32')\n"
+        "with strategy.scope():\n"
+        "    model = keras.Sequential([keras.Input((3,)),\n"
+        "                              keras.layers.BatchNormalization(momentum=0.0)])\n"
+        "    model.compile(keras.optimizers.SGD(0.0), 'mse')\n"
+        "model.fit(x, x, batch_size=8, epochs=1, shuffle=False, verbose=0)\n"
+        "print(json.dumps({'moving_mean': model.layers[0].moving_mean.numpy().tolist()}))\n")
+    # Replica 0's half of the batch is all zeros, replica 1's all tens.
+    assert json.loads(out.strip().splitlines()[-1])["moving_mean"] == [0.0, 0.0, 0.0]

@@ -12,9 +12,11 @@ then run concurrently on the process's executor threads.
     reads it. Trainable variables and optimizer state are
     AggregatingVariables (as in TensorFlow's CentralStorageStrategy): an
     assignment made in a replica is combined over all replicas and applied
-    once. Metric variables (synchronization=ON_READ) keep one small copy per
-    replica, so replicas count without meeting; a read outside the replicas
-    sums them, and over processes.
+    once (with no aggregation given, the first replica's assignment: what
+    reading a MirroredVariable shows). Metric variables
+    (synchronization=ON_READ) keep one small copy per replica, so replicas
+    count without meeting; a read outside the replicas sums them, and over
+    processes.
   * Gradients: the replicas' gradients are summed inside the process by the
     partitioned reduction (`tf_smb.ops.replica_sum`: part r of the output is
     summed by one thread from every replica's part r), then over processes
@@ -22,12 +24,19 @@ then run concurrently on the process's executor threads.
   * Input: the global batch is split over all replicas of all processes, as
     MultiWorkerMirroredStrategy splits it over its workers' devices.
 
-Only mode="sync" has local replicas for now (the parameter-server thread of
-the asynchronous mode is not built).
+Asynchronously (mode="async", one process): replicas do not combine their
+gradients. With update="sgd" each replica hands its gradient to the process's
+parameter-server thread (`tf_smb.ops.server_push`) and goes on; the thread
+applies the replicas' SGD (or momentum) steps to the one parameter copy, one
+at a time, in the order they came, copy-on-write (a value a replica already
+read is never changed under it), so none is lost and no read is torn. A step
+starts only when at most `staleness` steps of updates are still pending.
+With update="delta" each replica's own optimizer step (any Keras optimizer)
+is applied to the one copy in turn, in the step that computed it.
 """
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
@@ -37,8 +46,12 @@ from tensorflow.python.distribute import mirrored_run
 from tensorflow.python.distribute import parameter_server_strategy
 from tensorflow.python.distribute import values as values_lib
 
+from tensorflow.python.distribute import ps_values
+
 from tf_smb import env as env_lib
+from tf_smb import keras_support
 from tf_smb import ops as smb_ops
+from tf_smb.async_mode import AsyncConfig, sgd_step_arguments
 from tf_smb.collectives import Collectives
 from tf_smb import data_parallel
 
@@ -79,12 +92,15 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
 
     def __init__(self, container_strategy: "data_parallel.DataParallelStrategy",
                  job: env_lib.JobInfo, collectives: Collectives,
-                 devices: Sequence[str]) -> None:
+                 devices: Sequence[str], async_config: Optional[AsyncConfig] = None,
+                 timeout_s: float = smb_ops.DEFAULT_TIMEOUT_S) -> None:
         super().__init__(container_strategy, compute_devices=list(devices),
                          parameter_device=devices[0])
         self._job = job
         self._collectives = collectives
         self._local = len(devices)
+        self._async = async_config
+        self._timeout_s = timeout_s
         # As DataParallelExtended: uneven shards end every worker's epoch together.
         self.experimental_enable_get_next_as_optional = True
         self.enable_partial_batch_handling = True
@@ -99,6 +115,17 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
     def async_engine(self) -> None:
         """None: local replicas train in step."""
         return None
+
+    @property
+    def asynchronous(self) -> bool:
+        """True when the replicas update the parameters without combining."""
+        return self._async is not None
+
+    def finish(self) -> None:
+        """Asynchronous: returns once the parameter-server thread applied
+        every update handed to it (eagerly)."""
+        if self._async is not None:
+            smb_ops.server_wait(0, self._timeout_s)
 
     @property
     def local_replicas(self) -> int:
@@ -137,6 +164,11 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
         if (synchronization == tf.VariableSynchronization.ON_READ
                 and aggregation != tf.VariableAggregation.NONE):
             return self._create_per_replica_variable(next_creator, **kwargs)
+        if aggregation == tf.VariableAggregation.NONE:
+            # An assignment inside the replicas with no aggregation (Keras'
+            # batch-norm statistics) keeps the first replica's value, which is
+            # what reading a MirroredVariable gives: its first copy.
+            kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
         variable = super()._create_variable(next_creator, **kwargs)
         if self._job.size > 1:
             data_parallel.broadcast_initial_value(self._collectives, variable)
@@ -192,8 +224,48 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
     # -- running a step -----------------------------------------------------
     def _call_for_each_replica(self, fn, args, kwargs):
         data_parallel.check_not_in_xla()
+        config = self._async
+        if (config is not None and config.staleness is not None
+                and not keras_support.in_eval_phase()):
+            # Start once at most `staleness` steps of updates are pending.
+            inputs = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
+            with tf.control_dependencies(inputs):
+                waited = smb_ops.server_wait(config.staleness * self._local, self._timeout_s)
+            inner = fn
+
+            def fn(*a, **k):  # pylint: disable=function-redefined
+                with tf.control_dependencies([waited]):
+                    return inner(*a, **k)
         return mirrored_run.call_for_each_replica(self._container_strategy(), fn,
                                                   args, kwargs)
+
+    def _update(self, var, fn, args, kwargs, group):
+        base = var.get() if isinstance(var, ps_values.AggregatingVariable) else var
+        per_replica = any(isinstance(a, values_lib.PerReplica)
+                          for a in tf.nest.flatten((args, kwargs)))
+        if self._async is None or not base.trainable or not per_replica:
+            return super()._update(var, fn, args, kwargs, group)
+        # Asynchronous: every replica's own update, none combined.
+        done = []
+        for r in range(self._local):
+            replica_args = distribute_utils.select_replica(r, args)
+            replica_kwargs = distribute_utils.select_replica(r, kwargs)
+            step = sgd_step_arguments(replica_args) if self._async.update == "sgd" else None
+            with tf.control_dependencies(done):
+                if step is not None:
+                    grad, learning_rate = step
+                    if isinstance(grad, tf.IndexedSlices):
+                        grad = tf.convert_to_tensor(grad)
+                    rule = "momentum" if self._async.momentum else "sgd"
+                    done.append(smb_ops.server_push(
+                        base, grad, learning_rate, rule=rule, momentum=self._async.momentum,
+                        consistent=self._async.consistent))
+                else:
+                    done.extend(o for o in tf.nest.flatten(
+                        super()._update(var, fn, replica_args, replica_kwargs, True))
+                                if o is not None)
+        result = tf.group(*done)
+        return result if group else (result,)
 
     # -- reductions -----------------------------------------------------------
     def _replica_parts(self, value: Any) -> List[tf.Tensor]:
@@ -251,6 +323,9 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         del options
+        if self._async is not None:
+            # Asynchronous replicas keep their own gradients (ReplicaContext.all_reduce).
+            return [v for v, _ in value_destination_pairs]
         summed = self._combine(reduce_op, [v for v, _ in value_destination_pairs])
         return [self._mirrored(s) for s in summed]
 

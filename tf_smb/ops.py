@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import weakref
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -174,6 +174,24 @@ def replica_sum(parts: Sequence[Sequence[tf.Tensor]]) -> List[tf.Tensor]:
     flat = [p for value in parts for p in value]
     return list(_library().smb_replica_sum(flat, S=[value[0].dtype for value in parts],
                                            replicas=replicas))
+
+
+def server_push(variable: tf.Variable, update: tf.Tensor, learning_rate: Any = 0.0,
+                rule: str = "delta", momentum: float = 0.0, consistent: bool = True) -> Any:
+    """Hands an update of `variable` to this process's parameter-server thread
+    and returns at once: "delta" (w += update), "sgd" (w -= learning_rate *
+    update) or "momentum". The thread applies updates one at a time in the
+    order they came; with `consistent` a value already read is never changed."""
+    return _library().smb_server_push(
+        variable.handle, update, tf.cast(learning_rate, tf.float32), rule=rule,
+        momentum=float(momentum), consistent=consistent)
+
+
+def server_wait(max_pending: Any = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> tf.Tensor:
+    """Waits until the parameter-server thread has at most `max_pending`
+    updates left (0: all applied); returns how many it applied so far."""
+    return _library().smb_server_wait(tf.cast(max_pending, tf.int64),
+                                      timeout_seconds=float(timeout_s))
 
 
 def broadcast(tensors: Sequence[tf.Tensor], root: int = 0) -> List[tf.Tensor]:

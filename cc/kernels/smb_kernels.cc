@@ -4,6 +4,7 @@
 // independent ops in), and call done() when it finishes, so TensorFlow's
 // inter-op threads never block.
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -14,12 +15,15 @@
 
 #include "cc/smb/algorithms/replica_sum.h"
 #include "cc/smb/communicator.h"
+#include "cc/smb/param_server.h"
 #include "cc/smb/scheduler.h"
 #include "cc/smb/segment/segment_io.h"
 #include "cc/smb/segment/updaters.h"
 #include "cc/smb/timeline.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace tensorflow {
@@ -442,6 +446,115 @@ class SmbReplicaSumOp : public OpKernel {
   int replicas_;
 };
 
+// The process's parameter-server thread (local replicas, asynchronous mode).
+smb::ParamServer& ProcessParamServer() {
+  static smb::ParamServer server;
+  return server;
+}
+
+// A variable's velocity for the momentum rule. Used on the server thread
+// only; it keeps its variable alive, so an address is never reused.
+struct Velocity {
+  std::shared_ptr<core::RefCountPtr<Var>> variable;
+  Tensor value;
+};
+
+Tensor* VelocityOf(const std::shared_ptr<core::RefCountPtr<Var>>& variable, const Tensor& w) {
+  static std::unordered_map<const Var*, Velocity> velocities;
+  Velocity& v = velocities[variable->get()];
+  if (v.variable == nullptr || v.value.shape() != w.shape() || v.value.dtype() != w.dtype()) {
+    v.variable = variable;
+    v.value = Tensor(w.dtype(), w.shape());
+    std::memset(const_cast<char*>(v.value.tensor_data().data()), 0, v.value.TotalBytes());
+  }
+  return &v.value;
+}
+
+class SmbServerPushOp : public OpKernel {
+ public:
+  explicit SmbServerPushOp(OpKernelConstruction* c) : OpKernel(c) {
+    std::string rule;
+    OP_REQUIRES_OK(c, c->GetAttr("rule", &rule));
+    options_.rule = rule == "delta" ? smb::UpdateRule::kDelta
+                    : rule == "sgd" ? smb::UpdateRule::kSgd
+                                    : smb::UpdateRule::kMomentum;
+    float momentum = 0;
+    OP_REQUIRES_OK(c, c->GetAttr("momentum", &momentum));
+    options_.momentum = momentum;
+    OP_REQUIRES_OK(c, c->GetAttr("consistent", &consistent_));
+  }
+  void Compute(OpKernelContext* c) override {
+    core::RefCountPtr<Var> var;
+    OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 0), &var));
+    const Tensor& update = c->input(1);
+    const float learning_rate = c->input(2).scalar<float>()();
+    {
+      tf_shared_lock lock(*var->mu());
+      const Tensor* w = var->tensor();
+      OP_REQUIRES(c, var->is_initialized && w->dtype() == update.dtype() &&
+                         w->shape() == update.shape(),
+                  absl::InvalidArgumentError(
+                      "SmbServerPush: the update must match its variable: expected " +
+                      DataTypeString(w->dtype()) + w->shape().DebugString() + ", got " +
+                      DataTypeString(update.dtype()) + update.shape().DebugString()));
+    }
+    smb::DType dtype;
+    OP_REQUIRES(c, ToSmbDType(update.dtype(), &dtype),
+                absl::InvalidArgumentError("SmbServerPush: unsupported dtype " +
+                                           DataTypeString(update.dtype())));
+    auto variable = std::make_shared<core::RefCountPtr<Var>>(std::move(var));
+    const smb::UpdateOptions options = options_;
+    const bool consistent = consistent_;
+    ProcessParamServer().Submit([variable, update, learning_rate, options, consistent,
+                                 dtype]() -> smb::Status {
+      Var* v = variable->get();
+      mutex_lock lock(*v->mu());
+      Tensor* w = v->tensor();
+      if (consistent && !w->RefCountIsOne()) {
+        // Someone holds the value read before: update a copy instead, as
+        // TensorFlow's own variable updates do.
+        Tensor copy(w->dtype(), w->shape());
+        std::memcpy(const_cast<char*>(copy.tensor_data().data()), w->tensor_data().data(),
+                    w->TotalBytes());
+        *w = copy;
+      }
+      void* velocity = nullptr;
+      if (options.rule == smb::UpdateRule::kMomentum) {
+        velocity = const_cast<char*>(VelocityOf(variable, *w)->tensor_data().data());
+      }
+      return smb::ApplyRule(options, dtype, const_cast<char*>(w->tensor_data().data()),
+                            velocity, update.tensor_data().data(), learning_rate,
+                            static_cast<size_t>(w->NumElements()));
+    });
+  }
+
+ private:
+  smb::UpdateOptions options_;
+  bool consistent_ = true;
+};
+
+class SmbServerWaitOp : public OpKernel {
+ public:
+  explicit SmbServerWaitOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("timeout_seconds", &timeout_s_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const int64_t max_pending = c->input(0).scalar<int64_t>()();
+    OP_REQUIRES(c, max_pending >= 0,
+                absl::InvalidArgumentError("SmbServerWait: max_pending must be >= 0, got " +
+                                           std::to_string(max_pending)));
+    smb::ParamServer& server = ProcessParamServer();
+    OP_REQUIRES_OK(c, ToTfStatus(server.WaitPending(static_cast<uint64_t>(max_pending),
+                                                    timeout_s_)));
+    Tensor* applied = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({}), &applied));
+    applied->scalar<int64_t>()() = static_cast<int64_t>(server.applied());
+  }
+
+ private:
+  float timeout_s_ = 600;
+};
+
 // ---- Asynchronous mode ------------------------------------------------------
 
 absl::Status DescribeTensor(const Tensor& t, smb::DType* dtype,
@@ -701,6 +814,8 @@ REGISTER_KERNEL_BUILDER(Name("SmbSegmentHome").Device(DEVICE_CPU), SmbSegmentHom
 
 REGISTER_KERNEL_BUILDER(Name("SmbInit").Device(DEVICE_CPU), SmbInitOp);
 REGISTER_KERNEL_BUILDER(Name("SmbReplicaSum").Device(DEVICE_CPU), SmbReplicaSumOp);
+REGISTER_KERNEL_BUILDER(Name("SmbServerPush").Device(DEVICE_CPU), SmbServerPushOp);
+REGISTER_KERNEL_BUILDER(Name("SmbServerWait").Device(DEVICE_CPU), SmbServerWaitOp);
 REGISTER_KERNEL_BUILDER(Name("SmbAllReduce").Device(DEVICE_CPU), SmbAllReduceOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBroadcast").Device(DEVICE_CPU), SmbBroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBarrier").Device(DEVICE_CPU), SmbBarrierOp);

@@ -35,6 +35,36 @@ every replica). `parts` holds value 0's part from replica 0, 1, ..., then value
 1's, and so on; sums[i] is value i's sum (dtype S[i] == T[i * replicas]).
 )doc");
 
+REGISTER_OP("SmbServerPush")
+    .Input("variable: resource")
+    .Input("update: T")
+    .Input("learning_rate: float")
+    .Attr("T: {float, double, half, bfloat16, int32, int64}")
+    .Attr("rule: {'delta', 'sgd', 'momentum'} = 'delta'")
+    .Attr("momentum: float = 0.0")
+    .Attr("consistent: bool = true")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+Hands an update of `variable` to this process's parameter-server thread and
+returns at once (local replicas, asynchronous mode). The thread applies updates
+one at a time in the order they came: delta (w += update), sgd
+(w -= learning_rate * update) or momentum. `consistent`: a value already read
+is never changed (copy-on-write, as TensorFlow's own updates); else in place.
+)doc");
+
+REGISTER_OP("SmbServerWait")
+    .Input("max_pending: int64")
+    .Output("applied: int64")
+    .Attr("timeout_seconds: float = 600")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc(R"doc(
+Waits until the parameter-server thread has at most `max_pending` updates left
+(0: all applied); returns how many it applied so far. Fails with the first
+failed update's error, or DeadlineExceeded after timeout_seconds.
+)doc");
+
 REGISTER_OP("SmbInit")
     .Attr("job_id: string")
     .Attr("rank: int")

@@ -19,6 +19,7 @@
 
 #include "cc/smb/algorithms/replica_sum.h"
 #include "cc/smb/communicator.h"
+#include "cc/smb/param_server.h"
 #include "cc/smb/scheduler.h"
 #include "cc/smb/transport/thread_peers.h"
 
@@ -301,10 +302,48 @@ void TestReplicaSum() {
         "replica sum without replicas: InvalidArgument");
 }
 
+// Three replica threads hand the server 2,000 "+1" updates each while
+// another thread reads: none is lost, each update sees the one before it
+// applied, the first failure is reported, and the destructor applies what
+// is still queued.
+void TestParamServer() {
+  int64_t w = 0;  // touched only by the server thread while it runs
+  {
+    smb::ParamServer server;
+    std::vector<std::thread> replicas;
+    for (int r = 0; r < 3; ++r) {
+      replicas.emplace_back([&] {
+        for (int i = 0; i < 2000; ++i) {
+          server.Submit([&w] { ++w; return smb::Status::Ok(); });
+        }
+      });
+    }
+    for (auto& t : replicas) t.join();
+    Check(server.WaitPending(0, 60).ok(), "param server drained");
+    Check(w == 6000, "param server applied 6000 updates, w = " + std::to_string(w));
+    Check(server.applied() == 6000, "param server counted 6000");
+    server.Submit([] { return smb::Status(smb::Code::kInvalidArgument, "bad update"); });
+    smb::Status s = server.WaitPending(0, 60);
+    Check(s.code() == smb::Code::kInvalidArgument && s.message() == "bad update",
+          "param server reports a failed update: " + s.ToString());
+    std::atomic<bool> release{false};
+    server.Submit([&release] {
+      while (!release.load()) std::this_thread::yield();
+      return smb::Status::Ok();
+    });
+    Check(server.WaitPending(0, 0.05).code() == smb::Code::kDeadlineExceeded,
+          "param server wait times out while an update runs");
+    release = true;
+    for (int i = 0; i < 100; ++i) server.Submit([&w] { ++w; return smb::Status::Ok(); });
+  }
+  Check(w == 6100, "param server applied what was queued at destruction, w = " + std::to_string(w));
+}
+
 }  // namespace
 
 int main() {
   TestReplicaSum();
+  TestParamServer();
   for (int world : {2, 3}) {
     TestAllReduceAndBroadcast(world);
     TestSharedResults(world);

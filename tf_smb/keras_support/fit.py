@@ -67,6 +67,16 @@ def _async_strategy(model) -> Optional[Any]:
     return None
 
 
+def _local_async_strategy(model) -> Optional[Any]:
+    """The model's SMBStrategy when its local replicas train asynchronously."""
+    from tf_smb.strategy import SMBStrategy  # pylint: disable=import-outside-toplevel
+    strategy = getattr(model, "_distribute_strategy", None)
+    if (isinstance(strategy, SMBStrategy) and strategy.mode == "async"
+            and getattr(strategy.extended, "local_replicas", 1) > 1):
+        return strategy
+    return None
+
+
 @contextlib.contextmanager
 def _with_callback(fit, model, args, kwargs, callback):
     """fit's (args, kwargs) with `callback` run first among the callbacks; a
@@ -111,6 +121,11 @@ def install_fit_hooks() -> None:
         strategy = _owner.multi_worker_strategy(self)
         # Entered for every model: one of another strategy (or none) fitted
         # inside our fit's callbacks must shuffle as Keras does.
+        local = _local_async_strategy(self)
+        if local is not None:
+            history = fit(self, *args, **kwargs)
+            local.finish_training()  # the parameter server applied every update
+            return history
         with contextlib.ExitStack() as stack:
             order = stack.enter_context(data_lib.agreed_shuffle(strategy))
             if order is not None:

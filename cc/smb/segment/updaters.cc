@@ -33,66 +33,67 @@ void Momentum(void* w_data, void* v_data, double lr, double momentum, const void
   }
 }
 
-class DeltaUpdater : public Updater {
+class RuleUpdater : public Updater {
  public:
-  Status Apply(const Segment& param, const void* delta, double) override {
-    return WriteSegment(param, [&] {
-      SumInto(param.dtype, param.data, param.data, delta, Elements(param));
-    });
-  }
-};
+  RuleUpdater(UpdateOptions options, Segment velocity)
+      : options_(options), velocity_(std::move(velocity)) {}
 
-class SgdUpdater : public Updater {
- public:
-  Status Apply(const Segment& param, const void* grad, double learning_rate) override {
-    const size_t n = Elements(param);
-    const double alpha = -learning_rate;
-    return WriteSegment(param, [&] {
-      switch (param.dtype) {
-        case DType::kFloat32: return Axpy<float>(param.data, alpha, grad, n);
-        case DType::kFloat64: return Axpy<double>(param.data, alpha, grad, n);
-        default:
-          return AxpyHalfLike(param.dtype, static_cast<uint16_t*>(param.data), alpha,
-                              static_cast<const uint16_t*>(grad), n);
-      }
-    });
-  }
-};
-
-class MomentumUpdater : public Updater {
- public:
-  MomentumUpdater(Segment velocity, double momentum)
-      : velocity_(std::move(velocity)), momentum_(momentum) {}
-
-  Status Apply(const Segment& param, const void* grad, double learning_rate) override {
-    const size_t n = Elements(param);
-    void* v = velocity_.data;
+  Status Apply(const Segment& param, const void* update, double learning_rate) override {
+    Status result;
     // The parameter's lock also covers its velocity.
-    return WriteSegment(param, [&] {
-      switch (param.dtype) {
-        case DType::kFloat32:
-          return Momentum<float>(param.data, v, learning_rate, momentum_, grad, n);
-        case DType::kFloat64:
-          return Momentum<double>(param.data, v, learning_rate, momentum_, grad, n);
-        default:
-          return MomentumHalfLike(param.dtype, static_cast<uint16_t*>(param.data),
-                                  static_cast<uint16_t*>(v), learning_rate, momentum_,
-                                  static_cast<const uint16_t*>(grad), n);
-      }
+    Status written = WriteSegment(param, [&] {
+      result = ApplyRule(options_, param.dtype, param.data, velocity_.data, update,
+                         learning_rate, Elements(param));
     });
+    return written.ok() ? result : written;
   }
 
  private:
-  Segment velocity_;
-  double momentum_;
+  UpdateOptions options_;
+  Segment velocity_;  // kMomentum only
 };
 
 }  // namespace
 
+Status ApplyRule(const UpdateOptions& options, DType dtype, void* w, void* velocity,
+                 const void* update, double learning_rate, size_t n) {
+  if (options.rule == UpdateRule::kDelta) {
+    SumInto(dtype, w, w, update, n);
+    return Status::Ok();
+  }
+  if (!IsFloating(dtype)) {
+    return Status(Code::kInvalidArgument,
+                  std::string("an SGD step needs a floating dtype, got ") + DTypeName(dtype));
+  }
+  if (options.rule == UpdateRule::kSgd) {
+    const double alpha = -learning_rate;
+    switch (dtype) {
+      case DType::kFloat32: Axpy<float>(w, alpha, update, n); break;
+      case DType::kFloat64: Axpy<double>(w, alpha, update, n); break;
+      default:
+        AxpyHalfLike(dtype, static_cast<uint16_t*>(w), alpha,
+                     static_cast<const uint16_t*>(update), n);
+    }
+    return Status::Ok();
+  }
+  switch (dtype) {
+    case DType::kFloat32:
+      Momentum<float>(w, velocity, learning_rate, options.momentum, update, n);
+      break;
+    case DType::kFloat64:
+      Momentum<double>(w, velocity, learning_rate, options.momentum, update, n);
+      break;
+    default:
+      MomentumHalfLike(dtype, static_cast<uint16_t*>(w), static_cast<uint16_t*>(velocity),
+                       learning_rate, options.momentum, static_cast<const uint16_t*>(update), n);
+  }
+  return Status::Ok();
+}
+
 Status MakeUpdater(Box* box, const std::string& param_name, const Segment& param,
                    const UpdateOptions& options, std::unique_ptr<Updater>* out) {
   if (options.rule == UpdateRule::kDelta) {
-    *out = std::make_unique<DeltaUpdater>();
+    *out = std::make_unique<RuleUpdater>(options, Segment());
     return Status::Ok();
   }
   if (!IsFloating(param.dtype)) {
@@ -100,7 +101,7 @@ Status MakeUpdater(Box* box, const std::string& param_name, const Segment& param
                            "' holds " + DTypeName(param.dtype));
   }
   if (options.rule == UpdateRule::kSgd) {
-    *out = std::make_unique<SgdUpdater>();
+    *out = std::make_unique<RuleUpdater>(options, Segment());
     return Status::Ok();
   }
   if (!(options.momentum >= 0.0 && options.momentum < 1.0)) {
@@ -112,7 +113,7 @@ Status MakeUpdater(Box* box, const std::string& param_name, const Segment& param
   Segment velocity;
   SMB_RETURN_IF_ERROR(box->CreateSegment(param_name + "/velocity", param.dtype, param.shape, &key));
   SMB_RETURN_IF_ERROR(box->AttachSegment(key, param.dtype, param.shape, &velocity));
-  *out = std::make_unique<MomentumUpdater>(std::move(velocity), options.momentum);
+  *out = std::make_unique<RuleUpdater>(options, std::move(velocity));
   return Status::Ok();
 }
 

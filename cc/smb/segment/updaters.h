@@ -29,6 +29,14 @@ struct UpdateOptions {
   double momentum = 0.0;  // kMomentum only
 };
 
+// Applies `rule` to n elements in plain memory, with no lock: w += update
+// (kDelta); w -= learning_rate * update (kSgd); v = momentum * v -
+// learning_rate * update, w += v (kMomentum, `velocity` holding v). float16 and
+// bfloat16 are computed in float32 and rounded once per stored value.
+// kSgd and kMomentum need a floating dtype (InvalidArgument otherwise).
+Status ApplyRule(const UpdateOptions& options, DType dtype, void* w, void* velocity,
+                 const void* update, double learning_rate, size_t n);
+
 class Updater {
  public:
   virtual ~Updater() = default;
