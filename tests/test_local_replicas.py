@@ -112,8 +112,17 @@ def test_async_replica_threads_lose_no_update_within_the_staleness_bound(stalene
     r = run_single([worker, "--steps", "2000", "--staleness", str(staleness)],
                    timeout=300).check().json()
     assert r["replicas"] == 3
-    assert r["value"] == 6000.0 and r["applied"] == 6000, r
+    assert r["value"] == r["value_max"] == 6000.0 and r["applied"] == 6000, r
     assert r["min_lead"] >= 0, f"a step read fewer updates than staleness={staleness} allows: {r}"
+
+
+def test_async_replica_threads_never_read_half_an_update():
+    """Consistent reads of a 4 MB variable while the server thread keeps adding
+    +1 to all of it: every read has all elements equal (copy-on-write)."""
+    worker = os.path.join(WORKERS, "local_async_worker.py")
+    r = run_single([worker, "--steps", "150", "--size", "1000000"], timeout=300).check().json()
+    assert r["value"] == r["value_max"] == 450.0 and r["applied"] == 450, r
+    assert r["spread"] == 0.0, f"a replica read a half-applied update: {r}"
 
 
 def test_async_local_replicas_across_processes_is_refused():

@@ -1,9 +1,12 @@
-"""Asynchronous local replicas: 3 replica threads each push "+1" through the
-parameter-server thread `--steps` times; prints one JSON line with the final
-value, the server's applied count, and the smallest lead of the applied
-updates over what a replica read at the start of each step.
+"""Asynchronous local replicas: 3 replica threads each push "+1" (to every
+element of a `--size` vector) through the parameter-server thread `--steps`
+times; prints one JSON line with the final value, the server's applied count,
+the smallest lead of the applied updates over what a replica read at the start
+of each step, and the largest spread (max - min) within one read: 0 unless a
+read caught an update half applied.
 
     python local_async_worker.py --staleness=0 --steps=2000
+    python local_async_worker.py --size=1000000 --steps=200 --consistency=hogwild
 """
 import argparse
 import json
@@ -17,36 +20,44 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--staleness", type=int, default=None)
+    p.add_argument("--size", type=int, default=1)
+    p.add_argument("--consistency", default="consistent")
     a = p.parse_args()
     strategy = tf_smb.SMBStrategy(mode="async", update="sgd", staleness=a.staleness,
-                                  local_replicas=REPLICAS)
+                                  consistency=a.consistency, local_replicas=REPLICAS)
     import numpy as np
     import tensorflow as tf
     import keras
     from tf_smb import ops
 
     with strategy.scope():
-        v = tf.Variable(0.0)
+        v = tf.Variable(tf.zeros([a.size]))
         opt = keras.optimizers.SGD(1.0)  # w -= 1 * (-1): +1 per push
         opt.build([v])
 
     def replica_step():
         seen = v.read_value()
         with tf.control_dependencies([seen]):
-            opt.apply([tf.constant(-1.0)], [v])
-        return seen
+            opt.apply([-tf.ones([a.size])], [v])
+        return tf.reduce_min(seen), tf.reduce_max(seen) - tf.reduce_min(seen)
 
     @tf.function
     def step():
         return strategy.run(replica_step)
 
-    seen = np.array([[float(s) for s in strategy.experimental_local_results(step())]
-                     for _ in range(a.steps)])
+    seen, spread = [], 0.0
+    for _ in range(a.steps):
+        low, width = step()
+        seen.append([float(s) for s in strategy.experimental_local_results(low)])
+        spread = max([spread] + [float(w) for w in strategy.experimental_local_results(width)])
+    seen = np.array(seen)
     strategy.finish_training()
     # Before step k every replica's pushes of the steps before k - staleness
     # must be applied: seen >= REPLICAS * (k - staleness).
     due = REPLICAS * (np.arange(a.steps) - (a.staleness or 0))
-    print(json.dumps({"value": float(v.numpy()), "applied": int(ops.server_wait(0)),
+    final = v.numpy()
+    print(json.dumps({"value": float(final.min()), "value_max": float(final.max()),
+                      "applied": int(ops.server_wait(0)), "spread": spread,
                       "min_lead": float(np.min(seen - due[:, None])),
                       "replicas": strategy.num_replicas_in_sync}), flush=True)
 
