@@ -1,5 +1,5 @@
-"""The TensorFlow and Keras internals tf_smb/data_parallel.py builds on
-(measured with TF 2.21 / Keras 3.15). A newer TensorFlow or Keras that moves
+"""The TensorFlow and Keras internals tf_smb/data_parallel.py and
+tf_smb/local_replicas.py build on (measured with TF 2.21 / Keras 3.15). A newer TensorFlow or Keras that moves
 one fails here, naming what to change, instead of in a multi-worker run.
 
 DataParallelStrategy subclasses tf.distribute.MultiWorkerMirroredStrategy
@@ -147,3 +147,37 @@ def test_a_one_worker_strategy_works_without_the_skipped_init():
     assert float(strategy.reduce(tf.distribute.ReduceOp.SUM, got, axis=None)) == 4.0
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(2))
     assert [int(tf.reduce_sum(b)) for b in dataset] == [1, 5]
+
+
+LOCAL_HOME = "tf_smb/local_replicas.py"
+# ParameterServerStrategyExtended (CentralStorageStrategy's) methods
+# LocalReplicasExtended overrides or relies on.
+PARAMETER_SERVER_USED = (
+    "_create_variable", "_update", "_input_workers_with_options", "_get_local_replica_id",
+    "_get_replica_id_in_sync_group", "worker_devices_by_replica", "_local_results")
+
+
+def test_local_replicas_internals():
+    from tensorflow.python.distribute import mirrored_run  # noqa: E402
+    from tensorflow.python.distribute import parameter_server_strategy  # noqa: E402
+    from tensorflow.python.distribute import ps_values  # noqa: E402
+    base = parameter_server_strategy.ParameterServerStrategyExtended
+    assert {"container_strategy", "compute_devices", "parameter_device"} <= set(
+        _params(base.__init__)), (
+        f"ParameterServerStrategyExtended.__init__ changed: LocalReplicasExtended "
+        f"({LOCAL_HOME}) passes compute_devices and parameter_device")
+    missing = [name for name in PARAMETER_SERVER_USED if not hasattr(base, name)]
+    assert not missing, (
+        f"ParameterServerStrategyExtended lacks {missing}: LocalReplicasExtended "
+        f"({LOCAL_HOME}) overrides or relies on them")
+    assert _params(mirrored_run.call_for_each_replica)[:4] == [
+        "strategy", "fn", "args", "kwargs"], (
+        f"mirrored_run.call_for_each_replica changed: LocalReplicasExtended ({LOCAL_HOME}) "
+        "runs the replicas' threads with it")
+    assert hasattr(ps_values.AggregatingVariable, "get"), (
+        f"ps_values.AggregatingVariable.get is gone: LocalReplicasExtended._update "
+        f"({LOCAL_HOME}) unwraps variables with it")
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer  # noqa: E402
+    assert hasattr(TensorFlowTrainer, "_maybe_symbolic_build"), (
+        "Keras' TensorFlowTrainer._maybe_symbolic_build is gone: "
+        "tf_smb/keras_support/fit.py install_build_hook marks the build from a data batch")
