@@ -65,7 +65,7 @@ def define_common_flags() -> None:
                       "tf.distribute.MirroredStrategy, or none (default).")
     flags.DEFINE_integer("local_replicas", 1,
                          "--strategy=smb: replicas per process, as threads sharing one "
-                         "copy of the parameters (async: one process).")
+                         "copy of the parameters.")
     flags.DEFINE_integer("epochs", 15, "Training epochs.")
     flags.DEFINE_integer("batch_size", 64, "GLOBAL batch size (all workers together).")
     flags.DEFINE_float("learning_rate", 0.003, "Adam learning rate.")

@@ -50,3 +50,12 @@ def test_keras_digits_async_three_replica_threads_reach_090(update):
     found = [float(m.group(1)) for line in p.stdout.splitlines()
              for m in [re.match(r"test accuracy: ([0-9.]+)", line)] if m]
     assert found and found[-1] >= 0.90, p.stdout[-3000:]
+
+
+def test_keras_digits_async_two_workers_of_two_replica_threads_reach_090():
+    p = run_launcher(2, [os.path.join(REPO, "examples", "keras_digits.py"), "--mode=async",
+                         "--local_replicas=2", "--update=sgd", "--epochs=8"], timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
+    accs = _accuracies(p.stdout, 2)
+    assert min(accs) >= 0.90, accs
+    assert accs[0] == accs[1]  # both end with the box's final values

@@ -125,12 +125,17 @@ def test_async_replica_threads_never_read_half_an_update():
     assert r["spread"] == 0.0, f"a replica read a half-applied update: {r}"
 
 
-def test_async_local_replicas_across_processes_is_refused():
-    results = run_ranks(["-c", "import tf_smb; tf_smb.SMBStrategy(mode='async', local_replicas=2)"],
-                        2, timeout=120)
+def test_async_replica_threads_of_two_processes_lose_no_update_in_the_box():
+    """2 processes x 2 replica threads push +1 1,000 times each; each process's
+    server thread applies its replicas' pushes in the box: after
+    finish_training both processes hold all 4,000."""
+    worker = os.path.join(WORKERS, "local_async_worker.py")
+    results = [r.check().json() for r in run_ranks(
+        [worker, "--replicas", "2", "--steps", "1000", "--staleness", "2"], 2, timeout=300)]
     for r in results:
-        assert r.returncode != 0 and "runs in one process for now" in r.stderr, (
-            f"rank {r.rank}: {r.stderr[-2000:]}")
+        assert r["replicas"] == 4, r
+        assert r["value"] == r["value_max"] == 4000.0 and r["applied"] == 2000, (
+            f"rank {r['rank']}: {r}")
 
 
 def test_batch_norm_statistics_take_the_first_replicas_update():

@@ -257,6 +257,13 @@ class AsyncEngine:
                  kwargs: Dict[str, Any]) -> Any:
         """Waits within the staleness bound (training only), reads the box's
         current parameters into the local variables, then runs `fn`."""
+        with tf.control_dependencies(self.start_step(args, kwargs)):
+            return fn(*args, **kwargs)
+
+    def start_step(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
+        """The ops that start a step: the wait within the staleness bound
+        (training only), then the reads of the box's current parameters into
+        the local variables. The step's own ops must depend on them."""
         deps: List[Any] = []
         if not keras_support.in_eval_phase():
             # After the input arrived: the end of an epoch is not a step.
@@ -267,9 +274,7 @@ class AsyncEngine:
                     self.steps.assign_add(1)]
         with tf.control_dependencies(deps):
             reads = [(ref.deref(), self.read(p)) for ref, p in self._segments.items()]
-            assigns = [v.assign(value) for v, value in reads]
-        with tf.control_dependencies(assigns):
-            return fn(*args, **kwargs)
+            return deps + [v.assign(value) for v, value in reads]
 
     def update(self, var: tf.Variable, args: Sequence[Any],
                apply_locally: Callable[[], Any], group: bool) -> Any:

@@ -24,15 +24,21 @@ then run concurrently on the process's executor threads.
   * Input: the global batch is split over all replicas of all processes, as
     MultiWorkerMirroredStrategy splits it over its workers' devices.
 
-Asynchronously (mode="async", one process): replicas do not combine their
-gradients. With update="sgd" each replica hands its gradient to the process's
-parameter-server thread (`tf_smb.ops.server_push`) and goes on; the thread
-applies the replicas' SGD (or momentum) steps to the one parameter copy, one
-at a time, in the order they came, copy-on-write (a value a replica already
-read is never changed under it), so none is lost and no read is torn. A step
-starts only when at most `staleness` steps of updates are still pending.
-With update="delta" each replica's own optimizer step (any Keras optimizer)
-is applied to the one copy in turn, in the step that computed it.
+Asynchronously (mode="async"): replicas do not combine their gradients.
+With update="sgd" each replica hands its gradient to the process's
+parameter-server thread and goes on; the thread applies the replicas' SGD (or
+momentum) steps one at a time, in the order they came, so none is lost:
+  * one process: to the one parameter copy (`tf_smb.ops.server_push`),
+    copy-on-write (a value a replica already read is never changed under it,
+    so no read is torn);
+  * several processes: to the box (`tf_smb.ops.server_push_segment`), which
+    holds the master copy as in the asynchronous mode with one replica per
+    process (tf_smb/async_mode.py); each step first reads the box into the
+    process's one copy, within the SSP clock's staleness bound.
+A step starts only when at most `staleness` steps of this process's updates
+are still pending. With update="delta" each replica's own optimizer step (any
+Keras optimizer) is applied to the one copy in turn, in the step that computed
+it (and its change pushed into the box with several processes).
 """
 from __future__ import annotations
 
@@ -51,7 +57,7 @@ from tensorflow.python.distribute import ps_values
 from tf_smb import env as env_lib
 from tf_smb import keras_support
 from tf_smb import ops as smb_ops
-from tf_smb.async_mode import AsyncConfig, sgd_step_arguments
+from tf_smb.async_mode import AsyncConfig, AsyncEngine, sgd_step_arguments
 from tf_smb.collectives import Collectives
 from tf_smb import data_parallel
 
@@ -86,6 +92,11 @@ def logical_cpu_devices(count: int) -> List[str]:
     return [d.name for d in logical[:count]]
 
 
+def _unwrap(variable: Any) -> Any:
+    """The variable inside an AggregatingVariable (the one copy), else itself."""
+    return variable.get() if isinstance(variable, ps_values.AggregatingVariable) else variable
+
+
 class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExtended):
     """The workings of SMBStrategy(local_replicas=N): N replicas in this process
     (one per device in `devices`), one parameter copy, many processes."""
@@ -93,7 +104,8 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
     def __init__(self, container_strategy: "data_parallel.DataParallelStrategy",
                  job: env_lib.JobInfo, collectives: Collectives,
                  devices: Sequence[str], async_config: Optional[AsyncConfig] = None,
-                 timeout_s: float = smb_ops.DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = smb_ops.DEFAULT_TIMEOUT_S,
+                 async_engine: Optional[AsyncEngine] = None) -> None:
         super().__init__(container_strategy, compute_devices=list(devices),
                          parameter_device=devices[0])
         self._job = job
@@ -101,6 +113,7 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
         self._local = len(devices)
         self._async = async_config
         self._timeout_s = timeout_s
+        self._engine = async_engine  # asynchronous, 2+ processes: the box
         # As DataParallelExtended: uneven shards end every worker's epoch together.
         self.experimental_enable_get_next_as_optional = True
         self.enable_partial_batch_handling = True
@@ -112,9 +125,16 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
         return self._collectives
 
     @property
-    def async_engine(self) -> None:
-        """None: local replicas train in step."""
-        return None
+    def async_engine(self) -> Optional[AsyncEngine]:
+        """Asynchronous with 2+ processes: the engine of the box-held
+        parameters; else None."""
+        return self._engine
+
+    @property
+    def _box_segments(self):
+        """Asynchronous with 2+ processes: the box segment of every box-held
+        variable, by `ref()` (what BackupAndRestore saves)."""
+        return self._engine.segments if self._engine is not None else {}
 
     @property
     def asynchronous(self) -> bool:
@@ -123,9 +143,12 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
 
     def finish(self) -> None:
         """Asynchronous: returns once the parameter-server thread applied
-        every update handed to it (eagerly)."""
+        every update handed to it; with 2+ processes, then also waits for the
+        other live processes and loads the box's final values (eagerly)."""
         if self._async is not None:
             smb_ops.server_wait(0, self._timeout_s)
+        if self._engine is not None:
+            self._engine.finish()
 
     @property
     def local_replicas(self) -> int:
@@ -133,7 +156,12 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
         return self._local
 
     def _in_multi_worker_mode(self) -> bool:
-        return self._job.size > 1
+        # Asynchronous processes never wait for each other's input or logs.
+        return self._job.size > 1 and self._async is None
+
+    def _combines_processes(self) -> bool:
+        """Whether reductions go over processes too (not when asynchronous)."""
+        return self._job.size > 1 and self._async is None
 
     @property
     def _num_replicas_in_sync(self) -> int:
@@ -171,7 +199,11 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
             kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
         variable = super()._create_variable(next_creator, **kwargs)
         if self._job.size > 1:
-            data_parallel.broadcast_initial_value(self._collectives, variable)
+            base = _unwrap(variable)
+            if self._engine is not None and base.trainable:
+                self._engine.place(base)
+            else:
+                data_parallel.broadcast_initial_value(self._collectives, variable)
         return variable
 
     def _create_per_replica_variable(self, next_creator, **kwargs):
@@ -199,12 +231,16 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
             num_replicas_in_sync=self._num_replicas_in_sync)
 
     def _experimental_distribute_dataset(self, dataset, options):
+        # Asynchronous processes evaluate and predict on all the data each
+        # (their metrics are their own); in training each takes its share.
+        own_share = self._job.size > 1 and not (
+            self._async is not None and keras_support.in_eval_phase())
         return input_util.get_distributed_dataset(
             dataset,
             self._input_workers_with_options(options),
             self._container_strategy(),
             num_replicas_in_sync=self._num_replicas_in_sync,
-            input_context=self._make_input_context() if self._job.size > 1 else None,
+            input_context=self._make_input_context() if own_share else None,
             options=options)
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
@@ -225,45 +261,66 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
     def _call_for_each_replica(self, fn, args, kwargs):
         data_parallel.check_not_in_xla()
         config = self._async
+        starts = []
         if (config is not None and config.staleness is not None
                 and not keras_support.in_eval_phase()):
             # Start once at most `staleness` steps of updates are pending.
             inputs = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
             with tf.control_dependencies(inputs):
-                waited = smb_ops.server_wait(config.staleness * self._local, self._timeout_s)
+                starts.append(smb_ops.server_wait(config.staleness * self._local,
+                                                  self._timeout_s))
+        if self._engine is not None:
+            # The SSP clock, then the box's current values into the one copy.
+            with tf.control_dependencies(starts):
+                starts = self._engine.start_step(args, kwargs)
+        if starts:
             inner = fn
 
             def fn(*a, **k):  # pylint: disable=function-redefined
-                with tf.control_dependencies([waited]):
+                with tf.control_dependencies(starts):
                     return inner(*a, **k)
         return mirrored_run.call_for_each_replica(self._container_strategy(), fn,
                                                   args, kwargs)
 
     def _update(self, var, fn, args, kwargs, group):
-        base = var.get() if isinstance(var, ps_values.AggregatingVariable) else var
+        base = _unwrap(var)
         per_replica = any(isinstance(a, values_lib.PerReplica)
                           for a in tf.nest.flatten((args, kwargs)))
-        if self._async is None or not base.trainable or not per_replica:
+        if self._async is None or not base.trainable:
             return super()._update(var, fn, args, kwargs, group)
+        if not per_replica:  # one update for the process (e.g. weight decay)
+            if self._engine is None or self._engine.segment_of(base) is None:
+                return super()._update(var, fn, args, kwargs, group)
+            return self._engine.update(base, args, lambda: super(
+                LocalReplicasExtended, self)._update(var, fn, args, kwargs, group), group)
         # Asynchronous: every replica's own update, none combined.
         done = []
         for r in range(self._local):
             replica_args = distribute_utils.select_replica(r, args)
             replica_kwargs = distribute_utils.select_replica(r, kwargs)
             step = sgd_step_arguments(replica_args) if self._async.update == "sgd" else None
+            param = self._engine.segment_of(base) if self._engine is not None else None
             with tf.control_dependencies(done):
                 if step is not None:
                     grad, learning_rate = step
                     if isinstance(grad, tf.IndexedSlices):
                         grad = tf.convert_to_tensor(grad)
                     rule = "momentum" if self._async.momentum else "sgd"
-                    done.append(smb_ops.server_push(
-                        base, grad, learning_rate, rule=rule, momentum=self._async.momentum,
-                        consistent=self._async.consistent))
+                    if param is not None:
+                        done.append(smb_ops.server_push_segment(
+                            grad, param.name, learning_rate, rule=rule,
+                            momentum=self._async.momentum))
+                    else:
+                        done.append(smb_ops.server_push(
+                            base, grad, learning_rate, rule=rule,
+                            momentum=self._async.momentum,
+                            consistent=self._async.consistent))
                 else:
-                    done.extend(o for o in tf.nest.flatten(
-                        super()._update(var, fn, replica_args, replica_kwargs, True))
-                                if o is not None)
+                    def apply_locally(a=replica_args, k=replica_kwargs):
+                        return super(LocalReplicasExtended, self)._update(var, fn, a, k, True)
+                    result = (self._engine.update(base, replica_args, apply_locally, True)
+                              if param is not None else apply_locally())
+                    done.extend(o for o in tf.nest.flatten(result) if o is not None)
         result = tf.group(*done)
         return result if group else (result,)
 
@@ -293,11 +350,12 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
                         f"int32 and int64 tensors; got {t.dtype.name}")
         with tf.device(self._variable_device):
             local = smb_ops.replica_sum(parts)
-            if self._job.size > 1:
+            if self._combines_processes():
                 data_parallel.check_not_in_xla()
                 local = self._collectives.allreduce(local)
             if reduce_op == tf.distribute.ReduceOp.MEAN:
-                counts = [len(p) * self._job.size for p in parts]
+                processes = self._job.size if self._combines_processes() else 1
+                counts = [len(p) * processes for p in parts]
                 local = [s / tf.cast(n, s.dtype) if s.dtype.is_floating else s // n
                          for s, n in zip(local, counts)]
         return local
@@ -334,7 +392,7 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
         parts = self._replica_parts(value)
         with tf.device(self._variable_device):
             local = parts[0] if len(parts) == 1 else tf.concat(parts, axis=axis)
-            if self._job.size == 1:
+            if not self._combines_processes():
                 return tf.identity(local)
             return data_parallel.all_gather(self._collectives, local, axis,
                                             self._job.rank, self._job.size)

@@ -187,6 +187,16 @@ def server_push(variable: tf.Variable, update: tf.Tensor, learning_rate: Any = 0
         momentum=float(momentum), consistent=consistent)
 
 
+def server_push_segment(update: tf.Tensor, name: str, learning_rate: Any = 0.0,
+                        rule: str = "delta", momentum: float = 0.0) -> Any:
+    """Hands an update of box segment `name` to this process's parameter-server
+    thread and returns at once; the thread applies it in the box after the
+    updates that came before it (rules as in `server_push`)."""
+    return _library().smb_server_push_segment(
+        update, tf.cast(learning_rate, tf.float32), segment=name, rule=rule,
+        momentum=float(momentum))
+
+
 def server_wait(max_pending: Any = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> tf.Tensor:
     """Waits until the parameter-server thread has at most `max_pending`
     updates left (0: all applied); returns how many it applied so far."""

@@ -97,10 +97,10 @@ class SMBStrategy(DataParallelStrategy):
       local_replicas: replicas in each process, as threads on their own
         logical CPU devices sharing one copy of the parameters (SingleCaffe's
         design, tf_smb/local_replicas.py); `num_replicas_in_sync` is
-        local_replicas x processes. Asynchronously, in one process: with
-        update="sgd" a parameter-server thread applies the replicas' steps.
-        Create the strategy before other TensorFlow work: TensorFlow fixes
-        its devices at its first op.
+        local_replicas x processes. Asynchronously, with update="sgd", a
+        parameter-server thread applies the replicas' steps (to the box with
+        several processes). Create the strategy before other TensorFlow
+        work: TensorFlow fixes its devices at its first op.
 
     In async mode every worker must create the same trainable variables in
     the same order; each gets a box segment named after its path, and a
@@ -139,12 +139,6 @@ class SMBStrategy(DataParallelStrategy):
             # Before anything else runs an op: TensorFlow fixes its devices then.
             devices = local_replicas_lib.logical_cpu_devices(local_replicas)
         job = job or env_lib.detect()
-        if local_replicas != 1 and mode == "async" and job.size > 1:
-            raise ValueError(
-                "SMBStrategy(mode='async', local_replicas=N) runs in one process for "
-                f"now (this job has {job.size}): replica threads and the box are not "
-                "joined asynchronously yet. Use mode='sync' across processes, or one "
-                "process.")
         if job.size > 1:
             job = smb_ops.init(job, timeout_s=timeout_s, staging_bytes=staging_bytes)
         self._mode = mode
@@ -152,7 +146,7 @@ class SMBStrategy(DataParallelStrategy):
         engine = None
         if mode == "async":
             keras_support.install_async_hooks()
-            if job.size > 1 and local_replicas == 1:  # one worker has no one to wait for or share with
+            if job.size > 1:  # one worker has no one to wait for or share with
                 engine = AsyncEngine(
                     job, AsyncConfig(staleness=staleness, update=update, momentum=momentum,
                                      consistent=consistency == "consistent"),
@@ -163,7 +157,8 @@ class SMBStrategy(DataParallelStrategy):
                 async_config=AsyncConfig(staleness=staleness, update=update, momentum=momentum,
                                          consistent=consistency == "consistent")
                 if mode == "async" else None,
-                timeout_s=timeout_s if timeout_s is not None else smb_ops.DEFAULT_TIMEOUT_S)
+                timeout_s=timeout_s if timeout_s is not None else smb_ops.DEFAULT_TIMEOUT_S,
+                async_engine=engine)
         else:
             extended = DataParallelExtended(self, job, collectives, async_engine=engine)
         self._setup(job, extended, gradient_clipping)
@@ -177,8 +172,7 @@ class SMBStrategy(DataParallelStrategy):
         """Async mode: this worker is done; wait for the other live workers,
         then load the box's final values. `model.fit` calls it on return;
         call it yourself at the end of a custom training loop."""
-        engine = self.extended.async_engine
-        if engine is not None:
-            engine.finish()
         if isinstance(self.extended, local_replicas_lib.LocalReplicasExtended):
-            self.extended.finish()
+            self.extended.finish()  # the server thread's updates first, then the box
+        elif self.extended.async_engine is not None:
+            self.extended.async_engine.finish()

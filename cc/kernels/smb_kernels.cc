@@ -533,6 +533,29 @@ class SmbServerPushOp : public OpKernel {
   bool consistent_ = true;
 };
 
+// Defined with the asynchronous mode's kernels below.
+absl::Status DescribeTensor(const Tensor& t, smb::DType* dtype, std::vector<int64_t>* shape);
+
+class SmbServerPushSegmentOp : public OpKernel {
+ public:
+  explicit SmbServerPushSegmentOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
+    std::string rule;
+    OP_REQUIRES_OK(c, c->GetAttr("rule", &rule));
+    options_.rule = rule == "delta" ? smb::UpdateRule::kDelta
+                    : rule == "sgd" ? smb::UpdateRule::kSgd
+                                    : smb::UpdateRule::kMomentum;
+    float momentum = 0;
+    OP_REQUIRES_OK(c, c->GetAttr("momentum", &momentum));
+    options_.momentum = momentum;
+  }
+  void Compute(OpKernelContext* c) override;
+
+ private:
+  std::string name_;
+  smb::UpdateOptions options_;
+};
+
 class SmbServerWaitOp : public OpKernel {
  public:
   explicit SmbServerWaitOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -641,6 +664,26 @@ absl::Status PushUpdate(OpKernelContext* c, const std::string& name,
   TF_RETURN_IF_ERROR(SmbContext::Get().Segments(&comm, &segments));
   return ToTfStatus(segments->Update(name, dtype, shape, options, update.tensor_data().data(),
                                      learning_rate, comm->timeout_s()));
+}
+
+void SmbServerPushSegmentOp::Compute(OpKernelContext* c) {
+  const Tensor& update = c->input(0);
+  const float learning_rate = c->input(1).scalar<float>()();
+  auto shape = std::make_shared<std::vector<int64_t>>();
+  smb::DType dtype;
+  OP_REQUIRES_OK(c, DescribeTensor(update, &dtype, shape.get()));
+  std::shared_ptr<smb::Communicator> comm;
+  smb::SegmentTable* segments = nullptr;
+  OP_REQUIRES_OK(c, SmbContext::Get().Segments(&comm, &segments));
+  const std::string name = name_;
+  const smb::UpdateOptions options = options_;
+  // The closure holds the communicator (and with it the segment table) and
+  // the update tensor until the server thread has applied it.
+  ProcessParamServer().Submit([comm, segments, name, dtype, shape, options, update,
+                               learning_rate]() -> smb::Status {
+    return segments->Update(name, dtype, *shape, options, update.tensor_data().data(),
+                            learning_rate, comm->timeout_s());
+  });
 }
 
 // The node whose box holds segment `name` (0 on one node; -1: not created here).
@@ -816,6 +859,7 @@ REGISTER_KERNEL_BUILDER(Name("SmbInit").Device(DEVICE_CPU), SmbInitOp);
 REGISTER_KERNEL_BUILDER(Name("SmbReplicaSum").Device(DEVICE_CPU), SmbReplicaSumOp);
 REGISTER_KERNEL_BUILDER(Name("SmbServerPush").Device(DEVICE_CPU), SmbServerPushOp);
 REGISTER_KERNEL_BUILDER(Name("SmbServerWait").Device(DEVICE_CPU), SmbServerWaitOp);
+REGISTER_KERNEL_BUILDER(Name("SmbServerPushSegment").Device(DEVICE_CPU), SmbServerPushSegmentOp);
 REGISTER_KERNEL_BUILDER(Name("SmbAllReduce").Device(DEVICE_CPU), SmbAllReduceOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBroadcast").Device(DEVICE_CPU), SmbBroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBarrier").Device(DEVICE_CPU), SmbBarrierOp);

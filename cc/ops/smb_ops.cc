@@ -53,6 +53,22 @@ one at a time in the order they came: delta (w += update), sgd
 is never changed (copy-on-write, as TensorFlow's own updates); else in place.
 )doc");
 
+REGISTER_OP("SmbServerPushSegment")
+    .Input("update: T")
+    .Input("learning_rate: float")
+    .Attr("T: {float, double, half, bfloat16, int32, int64}")
+    .Attr("segment: string")
+    .Attr("rule: {'delta', 'sgd', 'momentum'} = 'delta'")
+    .Attr("momentum: float = 0.0")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+Hands an update of box segment `segment` to this process's parameter-server
+thread and returns at once; the thread applies it in the box (atomically per
+segment, as SmbSegmentPush and SmbSegmentApplySgd do), after the updates that
+came before it.
+)doc");
+
 REGISTER_OP("SmbServerWait")
     .Input("max_pending: int64")
     .Output("applied: int64")

@@ -1,4 +1,4 @@
-"""Asynchronous local replicas: 3 replica threads each push "+1" (to every
+"""Asynchronous local replicas: `--replicas` threads each push "+1" (to every
 element of a `--size` vector) through the parameter-server thread `--steps`
 times; prints one JSON line with the final value, the server's applied count,
 the smallest lead of the applied updates over what a replica read at the start
@@ -6,6 +6,7 @@ of each step, and the largest spread (max - min) within one read: 0 unless a
 read caught an update half applied.
 
     python local_async_worker.py --staleness=0 --steps=2000
+    TF_SMB_RANK=r TF_SMB_SIZE=2 ... local_async_worker.py --replicas=2   # through the box
     python local_async_worker.py --size=1000000 --steps=200 --consistency=hogwild
 """
 import argparse
@@ -13,7 +14,6 @@ import json
 
 import tf_smb
 
-REPLICAS = 3
 
 
 def main():
@@ -22,9 +22,10 @@ def main():
     p.add_argument("--staleness", type=int, default=None)
     p.add_argument("--size", type=int, default=1)
     p.add_argument("--consistency", default="consistent")
+    p.add_argument("--replicas", type=int, default=3)
     a = p.parse_args()
     strategy = tf_smb.SMBStrategy(mode="async", update="sgd", staleness=a.staleness,
-                                  consistency=a.consistency, local_replicas=REPLICAS)
+                                  consistency=a.consistency, local_replicas=a.replicas)
     import numpy as np
     import tensorflow as tf
     import keras
@@ -52,14 +53,15 @@ def main():
         spread = max([spread] + [float(w) for w in strategy.experimental_local_results(width)])
     seen = np.array(seen)
     strategy.finish_training()
-    # Before step k every replica's pushes of the steps before k - staleness
-    # must be applied: seen >= REPLICAS * (k - staleness).
-    due = REPLICAS * (np.arange(a.steps) - (a.staleness or 0))
+    # One process: before step k every replica's pushes of the steps before
+    # k - staleness must be applied: seen >= replicas * (k - staleness).
+    due = a.replicas * (np.arange(a.steps) - (a.staleness or 0))
     final = v.numpy()
     print(json.dumps({"value": float(final.min()), "value_max": float(final.max()),
                       "applied": int(ops.server_wait(0)), "spread": spread,
                       "min_lead": float(np.min(seen - due[:, None])),
-                      "replicas": strategy.num_replicas_in_sync}), flush=True)
+                      "replicas": strategy.num_replicas_in_sync,
+                      "rank": strategy.rank}), flush=True)
 
 
 if __name__ == "__main__":

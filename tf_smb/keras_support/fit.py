@@ -68,10 +68,11 @@ def _async_strategy(model) -> Optional[Any]:
 
 
 def _local_async_strategy(model) -> Optional[Any]:
-    """The model's SMBStrategy when its local replicas train asynchronously."""
+    """The model's SMBStrategy when its local replicas train asynchronously in
+    one process (several processes take the asynchronous path of fit_hook)."""
     from tf_smb.strategy import SMBStrategy  # pylint: disable=import-outside-toplevel
     strategy = getattr(model, "_distribute_strategy", None)
-    if (isinstance(strategy, SMBStrategy) and strategy.mode == "async"
+    if (isinstance(strategy, SMBStrategy) and strategy.mode == "async" and strategy.size == 1
             and getattr(strategy.extended, "local_replicas", 1) > 1):
         return strategy
     return None
