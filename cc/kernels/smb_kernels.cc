@@ -470,17 +470,23 @@ Tensor* VelocityOf(const std::shared_ptr<core::RefCountPtr<Var>>& variable, cons
   return &v.value;
 }
 
+// The server ops' "rule" and "momentum" attributes.
+absl::Status GetUpdateOptions(OpKernelConstruction* c, smb::UpdateOptions* options) {
+  std::string rule;
+  TF_RETURN_IF_ERROR(c->GetAttr("rule", &rule));
+  options->rule = rule == "delta" ? smb::UpdateRule::kDelta
+                  : rule == "sgd" ? smb::UpdateRule::kSgd
+                                  : smb::UpdateRule::kMomentum;
+  float momentum = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("momentum", &momentum));
+  options->momentum = momentum;
+  return absl::OkStatus();
+}
+
 class SmbServerPushOp : public OpKernel {
  public:
   explicit SmbServerPushOp(OpKernelConstruction* c) : OpKernel(c) {
-    std::string rule;
-    OP_REQUIRES_OK(c, c->GetAttr("rule", &rule));
-    options_.rule = rule == "delta" ? smb::UpdateRule::kDelta
-                    : rule == "sgd" ? smb::UpdateRule::kSgd
-                                    : smb::UpdateRule::kMomentum;
-    float momentum = 0;
-    OP_REQUIRES_OK(c, c->GetAttr("momentum", &momentum));
-    options_.momentum = momentum;
+    OP_REQUIRES_OK(c, GetUpdateOptions(c, &options_));
     OP_REQUIRES_OK(c, c->GetAttr("consistent", &consistent_));
   }
   void Compute(OpKernelContext* c) override {
@@ -540,14 +546,7 @@ class SmbServerPushSegmentOp : public OpKernel {
  public:
   explicit SmbServerPushSegmentOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
-    std::string rule;
-    OP_REQUIRES_OK(c, c->GetAttr("rule", &rule));
-    options_.rule = rule == "delta" ? smb::UpdateRule::kDelta
-                    : rule == "sgd" ? smb::UpdateRule::kSgd
-                                    : smb::UpdateRule::kMomentum;
-    float momentum = 0;
-    OP_REQUIRES_OK(c, c->GetAttr("momentum", &momentum));
-    options_.momentum = momentum;
+    OP_REQUIRES_OK(c, GetUpdateOptions(c, &options_));
   }
   void Compute(OpKernelContext* c) override;
 
