@@ -1,8 +1,9 @@
 """keras_digits' data and model under SMBStrategy(mode="async"), with hooks
 for tests: slow one rank down, kill one mid-epoch, or (--marker_dir) hold
 every rank at the start of epoch --kill_epoch until the test has killed a node
-and writes <marker_dir>/go (and write each epoch's number to <marker_dir>/epoch<r>). Prints a JSON line (and writes it to
-<marker_dir>/rank<r>.json)."""
+and writes <marker_dir>/go (and write each epoch's number to
+<marker_dir>/epoch<r>). Prints a JSON line (and writes it to
+<marker_dir>/rank<r>.json and <result_dir>/rank<r>.json)."""
 import argparse
 import json
 import os
@@ -29,6 +30,8 @@ def main():
     p.add_argument("--kill_rank", type=int, default=-1)
     p.add_argument("--kill_epoch", type=int, default=1)
     p.add_argument("--marker_dir", default="")
+    p.add_argument("--result_dir", default="",
+                   help="also write the JSON line to RESULT_DIR/rank<r>.json")
     a = p.parse_args()
     keras.utils.set_random_seed(0)
     strategy = tf_smb.SMBStrategy(mode="async", staleness=a.staleness, update=a.update,
@@ -79,8 +82,8 @@ def main():
                        "weights_sum": float(sum(float(tf.reduce_sum(w))
                                                 for w in model.trainable_variables))})
     print(line, flush=True)
-    if a.marker_dir:
-        with open(os.path.join(a.marker_dir, f"rank{rank}.json"), "w") as f:
+    for folder in {a.marker_dir, a.result_dir} - {""}:
+        with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
             f.write(line)
 
 
