@@ -48,6 +48,8 @@ def test_fit_evaluate_predict_equal_one_process(fit_single, processes, replicas)
         for key in ("pred", "pred_numpy"):
             assert np.shape(r[key]) == (53, 3), f"{where}: {key}"
             np.testing.assert_allclose(r[key], fit_single[key], atol=1e-5, err_msg=where)
+        # Each epoch's finished input iterator died on tf_smb's releaser thread.
+        assert r["iterators_released"] >= 2, where
     if processes > 1:
         assert max_diff(results[0]["weights"], results[1]["weights"]) == 0.0
 

@@ -31,6 +31,14 @@ def test_fit_two_workers_equal_one_process_on_global_batch(fit_single, fit_two):
     assert max_diff(fit_two[0]["weights"], fit_two[1]["weights"]) == 0.0
 
 
+def test_finished_input_iterators_are_released_off_the_training_thread(fit_single, fit_two):
+    # One process iterates plain datasets; two workers' distributed iterators
+    # go to the releaser thread (tf_smb/iterator_release.py) once Keras drops them.
+    assert fit_single["iterators_released"] == 0
+    for r in fit_two:
+        assert r["iterators_released"] >= 2, f"rank {r['rank']}: {r['iterators_released']}"
+
+
 def test_evaluate_covers_all_data(fit_single, fit_two):
     for r in fit_two:
         for key in ("eval", "eval_numpy"):

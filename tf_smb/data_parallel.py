@@ -44,6 +44,7 @@ from tensorflow.python.ops import control_flow_util
 from tf_smb import env as env_lib
 from tf_smb import keras_support
 from tf_smb.collectives import Collectives
+from tf_smb.iterator_release import release_iterators_off_thread
 
 if TYPE_CHECKING:
     from tf_smb.async_mode import AsyncEngine, BoxSegment
@@ -249,7 +250,8 @@ class DataParallelExtended(one_device_strategy.OneDeviceExtended):
             # prediction: every worker sees all data (no collectives needed).
             if not keras_support.in_eval_phase():
                 dataset = dataset.shard(self._job.size, self._job.rank)
-            return super()._experimental_distribute_dataset(dataset, options)
+            return release_iterators_off_thread(
+                super()._experimental_distribute_dataset(dataset, options))
         if self._job.size == 1:
             # One worker: nothing to shard. The plain dataset, as the default
             # strategy gives it, spares tf.distribute's iterator wrappers
@@ -258,23 +260,23 @@ class DataParallelExtended(one_device_strategy.OneDeviceExtended):
         # Rebatch the global batch to global/size and shard it by worker, as
         # MultiWorkerMirroredStrategy does; the iterator then ends every
         # worker's epoch together even when shards have unequal length.
-        return input_util.get_distributed_dataset(
+        return release_iterators_off_thread(input_util.get_distributed_dataset(
             dataset,
             self._input_workers_with_options(options),
             self._container_strategy(),
             num_replicas_in_sync=self._job.size,
             input_context=self._make_input_context(),
-            options=options)
+            options=options))
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
         if self._job.size == 1:
             return dataset_fn(self._make_input_context())
-        return input_util.get_distributed_datasets_from_function(
+        return release_iterators_off_thread(input_util.get_distributed_datasets_from_function(
             dataset_fn,
             self._input_workers_with_options(options),
             [self._make_input_context()],
             self._container_strategy(),
-            options=options)
+            options=options))
 
     def _experimental_distribute_values_from_function(self, value_fn):
         return value_fn(distribute_lib.ValueContext(self._job.rank, self._job.size))

@@ -14,6 +14,7 @@ import tensorflow as tf
 import keras
 
 import tf_smb
+from tf_smb import iterator_release
 from common import build, data, report
 
 
@@ -35,9 +36,14 @@ def scenario_fit(strategy, a):
     ev_np = model.evaluate(xe, ye, batch_size=10, verbose=0, return_dict=True)
     pred = model.predict(tf.data.Dataset.from_tensor_slices(xe).batch(8), verbose=0)
     pred_np = model.predict(xe, batch_size=8, verbose=0)
+    # Keras drops each epoch's input iterator: tf_smb destroys it off this thread.
+    deadline = time.monotonic() + 10
+    while iterator_release.RELEASER.released < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     return {"weights": [w.tolist() for w in model.get_weights()],
             "loss": hist.history["loss"], "eval": ev, "eval_numpy": ev_np,
-            "pred": pred.tolist(), "pred_numpy": pred_np.tolist()}
+            "pred": pred.tolist(), "pred_numpy": pred_np.tolist(),
+            "iterators_released": iterator_release.RELEASER.released}
 
 
 def scenario_custom(strategy, a):
