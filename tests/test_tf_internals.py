@@ -119,6 +119,22 @@ def test_input_pipeline_functions_take_our_arguments():
         "replica_id_in_sync_group", "num_replicas_in_sync"], "ValueContext's arguments changed"
 
 
+def test_distributed_datasets_are_the_classes_the_releaser_knows():
+    # tf_smb/iterator_release.py swaps these exact classes for subclasses whose
+    # __iter__ hands the iterator to the releaser thread; any other class is left
+    # alone, so a renamed class would silently bring back the per-epoch stall.
+    from tensorflow.python.distribute import input_lib
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    made = {type(strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(2))),
+            type(strategy.distribute_datasets_from_function(
+                lambda ctx: tf.data.Dataset.range(4).batch(2)))}
+    assert made == {input_lib.DistributedDataset, input_lib.DistributedDatasetsFromFunction}, (
+        f"input_util now makes {made}: update tf_smb/iterator_release.py")
+    for cls in made:
+        assert "__iter__" in vars(cls), f"{cls.__name__} no longer defines __iter__"
+
+
 def test_values_and_contexts_we_build():
     assert _params(values_lib.SyncOnReadVariable.__init__)[:4] == [
         "self", "strategy", "values", "aggregation"], (
