@@ -127,7 +127,36 @@ def all_gather(collectives: Collectives, local: tf.Tensor, axis: int, rank: int,
     return tf.cast(gathered, tf.bool) if is_bool else gathered
 
 
-class DataParallelExtended(one_device_strategy.OneDeviceExtended):
+def check_reducible(tensors: Sequence[tf.Tensor]) -> None:
+    """Raises InvalidArgumentError unless every tensor's dtype is one tf_smb sums."""
+    for t in tensors:
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise tf.errors.InvalidArgumentError(
+                None, None,
+                "tf_smb reduces float32, float64, float16, bfloat16, "
+                f"int32 and int64 tensors; got {t.dtype.name}")
+
+
+class WorkerRoles:
+    """The worker roles of a tf_smb strategy's extended class (which has `_job`):
+    rank 0 writes checkpoints and summaries; every worker initializes."""
+
+    _job: env_lib.JobInfo
+
+    @property
+    def should_checkpoint(self) -> bool:
+        return self._job.rank == 0
+
+    @property
+    def should_save_summary(self) -> bool:
+        return self._job.rank == 0
+
+    @property
+    def experimental_should_init(self) -> bool:
+        return True
+
+
+class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
     """The workings of a DataParallelStrategy: one local device, many workers.
 
     Args:
@@ -196,18 +225,6 @@ class DataParallelExtended(one_device_strategy.OneDeviceExtended):
 
     def _get_local_replica_id(self, replica_id_in_sync_group: int) -> int:
         return replica_id_in_sync_group - self._job.rank
-
-    @property
-    def should_checkpoint(self) -> bool:
-        return self._job.rank == 0
-
-    @property
-    def should_save_summary(self) -> bool:
-        return self._job.rank == 0
-
-    @property
-    def experimental_should_init(self) -> bool:
-        return True
 
     # -- variables ----------------------------------------------------------
     def _create_variable(self, next_creator, **kwargs):
@@ -321,12 +338,7 @@ class DataParallelExtended(one_device_strategy.OneDeviceExtended):
             # One worker, or asynchronous workers: nothing to combine.
             return [tf.identity(t) for t in tensors]
         check_not_in_xla()
-        for t in tensors:
-            if t.dtype not in SUPPORTED_DTYPES:
-                raise tf.errors.InvalidArgumentError(
-                    None, None,
-                    "tf_smb reduces float32, float64, float16, bfloat16, "
-                    f"int32 and int64 tensors; got {t.dtype.name}")
+        check_reducible(tensors)
         summed = self._collectives.allreduce(tensors)
         if reduce_op == tf.distribute.ReduceOp.MEAN:
             summed = [s / tf.cast(self._job.size, s.dtype) if s.dtype.is_floating

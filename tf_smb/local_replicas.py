@@ -98,7 +98,8 @@ def _unwrap(variable: Any) -> Any:
     return variable.get() if isinstance(variable, ps_values.AggregatingVariable) else variable
 
 
-class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExtended):
+class LocalReplicasExtended(data_parallel.WorkerRoles,
+                            parameter_server_strategy.ParameterServerStrategyExtended):
     """The workings of SMBStrategy(local_replicas=N): N replicas in this process
     (one per device in `devices`), one parameter copy, many processes."""
 
@@ -173,18 +174,6 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
 
     def _get_replica_id_in_sync_group(self, replica_id: int) -> int:
         return self._job.rank * self._local + replica_id
-
-    @property
-    def should_checkpoint(self) -> bool:
-        return self._job.rank == 0
-
-    @property
-    def should_save_summary(self) -> bool:
-        return self._job.rank == 0
-
-    @property
-    def experimental_should_init(self) -> bool:
-        return True
 
     # -- variables ----------------------------------------------------------
     def _create_variable(self, next_creator, **kwargs):
@@ -333,8 +322,7 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
             parts = list(value._values)  # pylint: disable=protected-access
         else:
             parts = [value]
-        return [tf.convert_to_tensor(p) if not isinstance(p, tf.IndexedSlices)
-                else tf.convert_to_tensor(p) for p in parts]
+        return [tf.convert_to_tensor(p) for p in parts]  # IndexedSlices densified
 
     def _combine(self, reduce_op: tf.distribute.ReduceOp,
                  values: Sequence[Any]) -> List[tf.Tensor]:
@@ -343,12 +331,7 @@ class LocalReplicasExtended(parameter_server_strategy.ParameterServerStrategyExt
             return []
         parts = [self._replica_parts(v) for v in values]
         for p in parts:
-            for t in p:
-                if t.dtype not in data_parallel.SUPPORTED_DTYPES:
-                    raise tf.errors.InvalidArgumentError(
-                        None, None,
-                        "tf_smb reduces float32, float64, float16, bfloat16, "
-                        f"int32 and int64 tensors; got {t.dtype.name}")
+            data_parallel.check_reducible(p)
         with tf.device(self._variable_device):
             local = smb_ops.replica_sum(parts)
             if self._combines_processes():

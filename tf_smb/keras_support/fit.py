@@ -5,7 +5,7 @@ import contextlib
 import functools
 import inspect
 import threading
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from tf_smb.keras_support import _owner
 from tf_smb.keras_support import data as data_lib
@@ -58,24 +58,20 @@ def install_build_hook() -> None:
     _BUILD_HOOKED = True
 
 
-def _async_strategy(model) -> Optional[Any]:
-    """The model's SMBStrategy when it trains asynchronously, else None."""
-    from tf_smb.strategy import SMBStrategy  # pylint: disable=import-outside-toplevel
-    strategy = _owner.multi_worker_strategy(model)
-    if isinstance(strategy, SMBStrategy) and strategy.mode == "async":
-        return strategy
-    return None
-
-
-def _local_async_strategy(model) -> Optional[Any]:
-    """The model's SMBStrategy when its local replicas train asynchronously in
-    one process (several processes take the asynchronous path of fit_hook)."""
+def _async_strategy(model) -> Tuple[Optional[Any], bool]:
+    """(the model's SMBStrategy, whether it is one process of local replicas)
+    when the model trains asynchronously, else (None, False). Several processes
+    take fit_hook's clocked path; one process of local replicas only waits for
+    its parameter-server thread at the end."""
     from tf_smb.strategy import SMBStrategy  # pylint: disable=import-outside-toplevel
     strategy = getattr(model, "_distribute_strategy", None)
-    if (isinstance(strategy, SMBStrategy) and strategy.mode == "async" and strategy.size == 1
-            and getattr(strategy.extended, "local_replicas", 1) > 1):
-        return strategy
-    return None
+    if not isinstance(strategy, SMBStrategy) or strategy.mode != "async":
+        return None, False
+    if strategy.size > 1:
+        return strategy, False
+    if getattr(strategy.extended, "local_replicas", 1) > 1:
+        return strategy, True
+    return None, False
 
 
 @contextlib.contextmanager
@@ -122,30 +118,30 @@ def install_fit_hooks() -> None:
         strategy = _owner.multi_worker_strategy(self)
         # Entered for every model: one of another strategy (or none) fitted
         # inside our fit's callbacks must shuffle as Keras does.
-        local = _local_async_strategy(self)
-        if local is not None:
+        async_strategy, local_only = _async_strategy(self)
+        if local_only:
             history = fit(self, *args, **kwargs)
-            local.finish_training()  # the parameter server applied every update
+            async_strategy.finish_training()  # the parameter server applied every update
             return history
         with contextlib.ExitStack() as stack:
             order = stack.enter_context(data_lib.agreed_shuffle(strategy))
             if order is not None:
                 args, kwargs = stack.enter_context(
                     _with_callback(fit, self, args, kwargs, order.callback()))
-            if _async_strategy(self) is None:
+            if async_strategy is None:
                 return fit(self, *args, **kwargs)
             smb_ops.clock_finish(False)
             try:
                 history = fit(self, *args, **kwargs)
             finally:
                 smb_ops.clock_finish(True)  # never hold the others back, even on error
-            strategy.finish_training()
+            async_strategy.finish_training()
             return history
 
     def eval_hook(method):
         @functools.wraps(method)
         def hook(self, *args, **kwargs):
-            if _async_strategy(self) is None:
+            if _async_strategy(self)[0] is None:
                 return method(self, *args, **kwargs)
             with _eval_phase():
                 return method(self, *args, **kwargs)
