@@ -36,6 +36,11 @@ def scenario_fit(strategy, a):
     ev_np = model.evaluate(xe, ye, batch_size=10, verbose=0, return_dict=True)
     pred = model.predict(tf.data.Dataset.from_tensor_slices(xe).batch(8), verbose=0)
     pred_np = model.predict(xe, batch_size=8, verbose=0)
+    # What this worker iterates (one device: the dataset's own iterator, not a
+    # MultiDeviceIterator; see DataParallelExtended._distributed).
+    workers_iterators = getattr(iter(strategy.experimental_distribute_dataset(ds)),
+                                "_iterators", None)
+    input_iterator = type(workers_iterators[0]._iterator).__name__ if workers_iterators else None
     # Keras drops each epoch's input iterator: tf_smb destroys it off this thread.
     deadline = time.monotonic() + 10
     while iterator_release.RELEASER.released < 2 and time.monotonic() < deadline:
@@ -43,7 +48,8 @@ def scenario_fit(strategy, a):
     return {"weights": [w.tolist() for w in model.get_weights()],
             "loss": hist.history["loss"], "eval": ev, "eval_numpy": ev_np,
             "pred": pred.tolist(), "pred_numpy": pred_np.tolist(),
-            "iterators_released": iterator_release.RELEASER.released}
+            "iterators_released": iterator_release.RELEASER.released,
+            "input_iterator": input_iterator}
 
 
 def scenario_custom(strategy, a):
