@@ -2,13 +2,14 @@
 training thread.
 
 Why: destroying the iterator of a distributed dataset (TensorFlow's
-MultiDeviceIterator, which every multi-worker strategy's input goes through)
-blocks until its tf.data autotuning thread wakes up from a timed sleep, which
-grows to seconds. Keras drops the previous epoch's iterator on its training
-thread when the next epoch's first step begins, so every epoch after the
-first started 0.8-3.5 s late (2 workers, an MLP whose epochs take 1.6 s;
-measured with a stack dump of the waiting thread). The wait costs no CPU, so it
-can happen elsewhere.
+MultiDeviceIterator, which a multi-worker strategy's input goes through unless
+told otherwise) blocks until one of its tf.data background threads wakes from
+a timed sleep that grows with the iterator's age. Keras drops the previous
+epoch's iterator on its training thread when the next epoch's first step
+begins, so every epoch after the first started 1.7-6.7 s late (2 workers, an
+11.6M-parameter MLP whose epochs take 3.5 s; benchmarks/epoch_time.py; the
+waiting thread's stack dump shows RootDataset::Iterator::~Iterator). The wait
+costs no CPU, so it can happen elsewhere.
 
 How: the iterators of distributed datasets made by tf_smb's strategies are
 also held by one releaser thread, which polls them and drops its own reference
