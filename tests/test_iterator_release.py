@@ -1,5 +1,6 @@
 """Finished input iterators die on the releaser thread (tf_smb/iterator_release.py),
 and nothing anyone still refers to is dropped."""
+import json
 import threading
 import time
 import weakref
@@ -8,7 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_smb.iterator_release import IteratorReleaser, release_iterators_off_thread
+from harness import run_single
+from tf_smb.iterator_release import (IteratorReleaser, tend_iterators,
+                                      without_autotune_thread)
 
 
 class Tracked:
@@ -72,7 +75,7 @@ def test_distributed_dataset_iterators_are_held_and_datasets_stay_tensorflows():
     ds = tf.data.Dataset.from_tensor_slices(np.arange(16.0, dtype=np.float32)).batch(4)
     for dist in (strategy.experimental_distribute_dataset(ds),
                  strategy.distribute_datasets_from_function(lambda ctx: ds)):
-        dist = release_iterators_off_thread(dist)
+        dist = tend_iterators(dist)
         assert isinstance(dist, tf.distribute.DistributedDataset)
         it = iter(dist)
         assert iterator_release.RELEASER.holds(it)
@@ -84,20 +87,52 @@ def test_distributed_dataset_iterators_are_held_and_datasets_stay_tensorflows():
 
 def test_anything_else_is_returned_unchanged():
     ds = tf.data.Dataset.range(3)
-    assert release_iterators_off_thread(ds) is ds and type(ds) is type(release_iterators_off_thread(ds))
+    assert tend_iterators(ds) is ds and type(ds) is type(tend_iterators(ds))
 
 
-def test_owner_setting_leaves_datasets_to_tensorflow(monkeypatch):
-    from tensorflow.python.distribute import input_lib
+def test_owner_setting_leaves_destruction_to_the_owner(monkeypatch):
+    from tf_smb import iterator_release
 
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     ds = tf.data.Dataset.range(8).batch(4)
     monkeypatch.setenv("TF_SMB_ITERATOR_RELEASE", "owner")
-    dist = release_iterators_off_thread(strategy.experimental_distribute_dataset(ds))
-    assert type(dist) is input_lib.DistributedDataset
+    dist = tend_iterators(strategy.experimental_distribute_dataset(ds))
+    assert isinstance(dist, tf.distribute.DistributedDataset)
+    it = iter(dist)
+    assert not iterator_release.RELEASER.holds(it)
     monkeypatch.setenv("TF_SMB_ITERATOR_RELEASE", "later")
     with pytest.raises(ValueError, match="TF_SMB_ITERATOR_RELEASE must be one of thread, owner"):
-        release_iterators_off_thread(strategy.experimental_distribute_dataset(ds))
+        tend_iterators(strategy.experimental_distribute_dataset(ds))
+
+
+# Two logical CPUs need a fresh process: TensorFlow fixes its devices once.
+MULTI_DEVICE_AUTOTUNE = """
+import json
+import tensorflow as tf
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+from tf_smb.iterator_release import tend_iterators
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+ds = tf.data.Dataset.range(16).batch(4)
+
+def device_autotune(dataset):
+    multi_device = iter(dataset)._iterators[0]._iterator
+    return [it._dataset.options().autotune.enabled for it in multi_device._device_iterators]
+
+print(json.dumps({
+    "tf_smb": device_autotune(tend_iterators(strategy.experimental_distribute_dataset(ds))),
+    "tensorflow": device_autotune(strategy.experimental_distribute_dataset(ds))}))
+"""
+
+
+@pytest.mark.parametrize("release", ["thread", "owner"])
+def test_multi_device_pipelines_do_not_autotune_only_under_tf_smb(release):
+    # TensorFlow feeds each device from a pipeline of its own, with its own options.
+    p = run_single(["-c", MULTI_DEVICE_AUTOTUNE], timeout=120,
+                   env={"TF_SMB_ITERATOR_RELEASE": release})
+    assert p.returncode == 0, p.stderr[-3000:]
+    found = json.loads(p.stdout.strip().splitlines()[-1])
+    assert found == {"tf_smb": [False, False], "tensorflow": [None, None]}, found
 
 
 def test_shutdown_stops_the_thread_and_lets_go_here():
@@ -111,3 +146,17 @@ def test_shutdown_stops_the_thread_and_lets_go_here():
     assert not releaser.running and not releaser.holds(kept)
     del kept
     assert deaths == [releaser.thread_name, threading.current_thread().name]
+
+
+def test_autotune_thread_is_turned_off_only_where_the_user_left_it_unset():
+    ds = tf.data.Dataset.range(8).map(lambda x: x + 1, num_parallel_calls=tf.data.AUTOTUNE)
+    assert ds.options().autotune.enabled is None
+    off = without_autotune_thread(ds)
+    assert off.options().autotune.enabled is False
+    assert list(off.as_numpy_iterator()) == list(range(1, 9))
+    for chosen in (True, False):
+        options = tf.data.Options()
+        options.autotune.enabled = chosen
+        users = ds.with_options(options)
+        assert without_autotune_thread(users) is users
+    assert without_autotune_thread([1, 2]) == [1, 2]

@@ -42,6 +42,15 @@ def test_finished_input_iterators_are_released_off_the_training_thread(fit_singl
         assert r["input_iterator"] == "OwnedIterator", f"rank {r['rank']}: {r['input_iterator']}"
 
 
+def test_worker_input_pipelines_run_without_tf_data_autotune_thread(fit_single, fit_two):
+    # Destroying an autotuning iterator waited up to its optimization period
+    # (iterator_release.py); a worker's datasets, from a dataset or a function,
+    # have the thread off. One process iterates the user's dataset untouched.
+    assert fit_single["input_autotune"] == []
+    for r in fit_two:
+        assert r["input_autotune"] == [False, False], f"rank {r['rank']}: {r['input_autotune']}"
+
+
 def test_evaluate_covers_all_data(fit_single, fit_two):
     for r in fit_two:
         for key in ("eval", "eval_numpy"):

@@ -44,7 +44,7 @@ from tensorflow.python.ops import control_flow_util
 from tf_smb import env as env_lib
 from tf_smb import keras_support
 from tf_smb.collectives import Collectives
-from tf_smb.iterator_release import release_iterators_off_thread
+from tf_smb.iterator_release import tend_iterators, without_autotune_thread
 
 if TYPE_CHECKING:
     from tf_smb.async_mode import AsyncEngine, BoxSegment
@@ -285,21 +285,23 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         Without options from the user (Keras passes none) the worker iterates
         the dataset itself rather than through a MultiDeviceIterator, which one
         device does not need: making one took ~45 ms, and Keras makes two per
-        epoch, against ~1 ms (2 workers, benchmarks/epoch_time.py).
+        epoch, against ~1 ms (2 workers, benchmarks/epoch_time.py). The
+        dataset's autotuning thread is off unless the user's options say
+        otherwise (tf_smb/iterator_release.py: it made every epoch start late).
         """
         if options is None:
             options = tf.distribute.InputOptions(
                 experimental_fetch_to_device=False,
                 experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA)
-        return release_iterators_off_thread(input_util.get_distributed_dataset(
-            dataset, self._input_workers_with_options(options), self._container_strategy(),
-            options=options, **kwargs))
+        return tend_iterators(input_util.get_distributed_dataset(
+            without_autotune_thread(dataset), self._input_workers_with_options(options),
+            self._container_strategy(), options=options, **kwargs))
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
         if self._job.size == 1:
             return dataset_fn(self._make_input_context())
-        return release_iterators_off_thread(input_util.get_distributed_datasets_from_function(
-            dataset_fn,
+        return tend_iterators(input_util.get_distributed_datasets_from_function(
+            lambda context: without_autotune_thread(dataset_fn(context)),
             self._input_workers_with_options(options),
             [self._make_input_context()],
             self._container_strategy(),

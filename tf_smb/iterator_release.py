@@ -1,28 +1,42 @@
-"""Finished input iterators are destroyed on a thread of their own, not the
-training thread.
+"""Finished input iterators die quickly, and off the training thread.
 
-Why: destroying the iterator of a distributed dataset (TensorFlow's
-MultiDeviceIterator, which a multi-worker strategy's input goes through unless
-told otherwise) blocks until one of its tf.data background threads wakes from
-a timed sleep that grows with the iterator's age. Keras drops the previous
-epoch's iterator on its training thread when the next epoch's first step
-begins, so every epoch after the first started 1.7-6.7 s late (2 workers, an
-11.6M-parameter MLP whose epochs take 3.5 s; benchmarks/epoch_time.py; the
-waiting thread's stack dump shows RootDataset::Iterator::~Iterator). The wait
-costs no CPU, so it can happen elsewhere.
+Why: destroying a tf.data iterator whose pipeline autotunes (tf.data's default)
+stops its autotuning thread, and TensorFlow's cancellation can miss that
+thread's timed sleep: the cancellation callback wakes the thread before the
+cancellation manager reports itself cancelled, so the thread sleeps out the
+rest of its optimization period, which doubles up to 60 s as the iterator
+ages. The destructor waits for it. Keras drops the previous epoch's iterator
+on its training thread when the next epoch's first step begins, so every
+epoch after the first started late: mlp10m 2.26 s and cnn 0.41 s an epoch
+(2 workers, benchmarks/epoch_time.py; a stack dump of the waiting thread
+shows RootDataset::Iterator::~Iterator joining a thread in Model::OptimizeLoop).
 
-How: the iterators of distributed datasets made by tf_smb's strategies are
-also held by one releaser thread, which polls them and drops its own reference
-to each once it is the only one left, so that the blocking destructor runs on
-that thread. Only the last reference changes hands: an iterator anyone still
-refers to is never touched, and past `MAX_HELD` the oldest is let go at once,
-as if tf_smb had never held it (so a reference cycle through an iterator costs
-nothing extra). Nothing of this runs in a `tf.function`, where iterators
-belong to the graph. ``TF_SMB_ITERATOR_RELEASE=owner`` turns it off (iterators
-die wherever their last owner drops them, as in TensorFlow's own strategies);
-the default is ``thread``.
+Three measures:
 
-    dataset = release_iterators_off_thread(input_util.get_distributed_dataset(...))
+- `without_autotune_thread`: the datasets tf_smb's strategies distribute get
+  ``options.autotune.enabled = False`` unless the user's options set it. No
+  autotuning thread, nothing to wait for; tf.data then runs AUTOTUNE'd stages
+  at its defaults (parallelism: the cores; prefetch buffers: still adapted by
+  the prefetch autotuner). A user who sets ``autotune.enabled`` keeps it.
+- `tend_iterators`: a MultiDeviceIterator (local replicas, or input options
+  from the user) feeds each device from a small pipeline TensorFlow makes with
+  default options; while one of tf_smb's distributed datasets makes its
+  iterator, those pipelines get the same treatment (TensorFlow's
+  `_create_device_dataset` is wrapped; outside tf_smb it behaves as before).
+- The releaser, for what still autotunes (pipelines the user autotunes):
+  iterators of tf_smb's distributed datasets are also held by one releaser
+  thread, which polls them and drops its own reference to each once it is the
+  only one left, so that a blocking destructor runs on that thread (it waits
+  without the GIL: training goes on). Only the last reference changes hands:
+  an iterator anyone still refers to is never touched, and past `MAX_HELD`
+  the oldest is let go at once, as if tf_smb had never held it. Nothing of
+  this runs in a `tf.function`, where iterators belong to the graph.
+  ``TF_SMB_ITERATOR_RELEASE=owner`` turns the releaser off (iterators die
+  wherever their last owner drops them, as in TensorFlow's own strategies);
+  the default is ``thread``.
+
+    dataset = tend_iterators(input_util.get_distributed_dataset(
+        without_autotune_thread(dataset), ...))
 """
 from __future__ import annotations
 
@@ -30,8 +44,11 @@ import atexit
 import os
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Type
+from typing import Any, Dict, List, Optional, Tuple, Type
 
+from tensorflow.python.data.ops import dataset_ops
+from tensorflow.python.data.ops import multi_device_iterator_ops
+from tensorflow.python.data.ops import options as options_lib
 from tensorflow.python.distribute import input_lib
 from tensorflow.python.framework import ops as framework_ops
 
@@ -135,36 +152,73 @@ class IteratorReleaser:
 
 RELEASER = IteratorReleaser()
 
-_RELEASING_CLASSES: Dict[type, type] = {}
+_TEARDOWN_CLASSES: Dict[Tuple[type, bool], type] = {}
+_IN_OUR_ITER = threading.local()
 
 
-def _releasing_class(cls: Type[Any]) -> Type[Any]:
-    """`cls` with an `__iter__` whose iterators the releaser holds."""
-    if cls not in _RELEASING_CLASSES:
+def _create_quiet_device_dataset(*args: Any, **kwargs: Any) -> Any:
+    """TensorFlow's `_create_device_dataset`, without the autotuning thread
+    while one of tf_smb's distributed datasets makes its iterator."""
+    dataset = _create_device_dataset(*args, **kwargs)
+    if getattr(_IN_OUR_ITER, "active", False):
+        dataset = without_autotune_thread(dataset)
+    return dataset
+
+
+# A MultiDeviceIterator feeds each device from a small pipeline of its own,
+# made by this module function when the iterator is made; its options are
+# TensorFlow's, so without this each device's pipeline autotunes.
+_create_device_dataset = multi_device_iterator_ops._create_device_dataset  # pylint: disable=protected-access
+multi_device_iterator_ops._create_device_dataset = _create_quiet_device_dataset  # pylint: disable=protected-access
+
+
+def _teardown_class(cls: Type[Any], hold: bool) -> Type[Any]:
+    """`cls` with an `__iter__` whose per-device pipelines do not autotune and,
+    if `hold`, whose iterators the releaser holds."""
+    if (cls, hold) not in _TEARDOWN_CLASSES:
         def __iter__(self):  # pylint: disable=invalid-name
-            iterator = super(releasing, self).__iter__()
-            if not framework_ops.inside_function():
+            _IN_OUR_ITER.active = True
+            try:
+                iterator = super(tended, self).__iter__()
+            finally:
+                _IN_OUR_ITER.active = False
+            if hold and not framework_ops.inside_function():
                 RELEASER.hold(iterator)
             return iterator
 
-        releasing = type(cls.__name__, (cls,), {
+        tended = type(cls.__name__, (cls,), {
             "__iter__": __iter__, "__module__": cls.__module__,
             "__doc__": cls.__doc__})
-        _RELEASING_CLASSES[cls] = releasing
-    return _RELEASING_CLASSES[cls]
+        _TEARDOWN_CLASSES[(cls, hold)] = tended
+    return _TEARDOWN_CLASSES[(cls, hold)]
 
 
-def release_iterators_off_thread(dataset: Any) -> Any:
-    """Makes the iterators of TensorFlow's distributed `dataset` be destroyed
-    on the releaser thread; returns the same object. Anything else (a plain
-    tf.data dataset, TF1's distributed datasets) is returned unchanged, and so
-    is everything when $TF_SMB_ITERATOR_RELEASE is ``owner``."""
+def without_autotune_thread(dataset: Any) -> Any:
+    """`dataset` with tf.data's autotuning thread off, unless its options
+    already say whether to autotune (then `dataset` itself). Anything that is
+    not a tf.data dataset is returned unchanged."""
+    if not isinstance(dataset, dataset_ops.DatasetV2):
+        return dataset
+    if dataset.options().autotune.enabled is not None:
+        return dataset
+    options = options_lib.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
+def tend_iterators(dataset: Any) -> Any:
+    """Makes the iterators of TensorFlow's distributed `dataset` quick to
+    destroy (a MultiDeviceIterator's per-device pipelines without the
+    autotuning thread) and, unless $TF_SMB_ITERATOR_RELEASE is ``owner``,
+    destroyed on the releaser thread; returns the same object. Anything else
+    (a plain tf.data dataset, TF1's distributed datasets) is returned
+    unchanged."""
     choice = os.environ.get(RELEASE_ENV, "thread")
     if choice not in _RELEASE_CHOICES:
         raise ValueError(f"{RELEASE_ENV} must be one of {', '.join(_RELEASE_CHOICES)}; "
                          f"got {choice!r}")
     distributed = (input_lib.DistributedDataset, input_lib.DistributedDatasetsFromFunction)
-    if choice == "thread" and type(dataset) in distributed:
+    if type(dataset) in distributed:
         # A subclass that adds no state: only iteration is ours.
-        dataset.__class__ = _releasing_class(type(dataset))
+        dataset.__class__ = _teardown_class(type(dataset), hold=choice == "thread")
     return dataset

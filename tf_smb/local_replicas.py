@@ -57,7 +57,7 @@ from tensorflow.python.distribute import ps_values
 from tf_smb import env as env_lib
 from tf_smb import keras_support
 from tf_smb import ops as smb_ops
-from tf_smb.iterator_release import release_iterators_off_thread
+from tf_smb.iterator_release import tend_iterators, without_autotune_thread
 from tf_smb.async_mode import AsyncConfig, AsyncEngine, sgd_step_arguments
 from tf_smb.collectives import Collectives
 from tf_smb import data_parallel
@@ -225,8 +225,8 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
         # (their metrics are their own); in training each takes its share.
         own_share = self._job.size > 1 and not (
             self._async is not None and keras_support.in_eval_phase())
-        return release_iterators_off_thread(input_util.get_distributed_dataset(
-            dataset,
+        return tend_iterators(input_util.get_distributed_dataset(
+            without_autotune_thread(dataset),
             self._input_workers_with_options(options),
             self._container_strategy(),
             num_replicas_in_sync=self._num_replicas_in_sync,
@@ -234,8 +234,8 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
             options=options))
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
-        return release_iterators_off_thread(input_util.get_distributed_datasets_from_function(
-            dataset_fn,
+        return tend_iterators(input_util.get_distributed_datasets_from_function(
+            lambda context: without_autotune_thread(dataset_fn(context)),
             self._input_workers_with_options(options),
             [self._make_input_context()],
             self._container_strategy(),

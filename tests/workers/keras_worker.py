@@ -41,6 +41,12 @@ def scenario_fit(strategy, a):
     workers_iterators = getattr(iter(strategy.experimental_distribute_dataset(ds)),
                                 "_iterators", None)
     input_iterator = type(workers_iterators[0]._iterator).__name__ if workers_iterators else None
+    # Whether tf.data autotunes what this worker iterates (tf_smb turns the
+    # autotuning thread off unless the user's options say; iterator_release.py).
+    from_function = getattr(iter(strategy.distribute_datasets_from_function(lambda _: ds)),
+                            "_iterators", None)
+    input_autotune = [its[0]._dataset.options().autotune.enabled
+                      for its in (workers_iterators, from_function) if its]
     # Keras drops each epoch's input iterator: tf_smb destroys it off this thread.
     deadline = time.monotonic() + 10
     while iterator_release.RELEASER.released < 2 and time.monotonic() < deadline:
@@ -49,7 +55,7 @@ def scenario_fit(strategy, a):
             "loss": hist.history["loss"], "eval": ev, "eval_numpy": ev_np,
             "pred": pred.tolist(), "pred_numpy": pred_np.tolist(),
             "iterators_released": iterator_release.RELEASER.released,
-            "input_iterator": input_iterator}
+            "input_iterator": input_iterator, "input_autotune": input_autotune}
 
 
 def scenario_custom(strategy, a):
