@@ -10,6 +10,9 @@ benchmarks/roles/fit.py (synthetic data, SGD with momentum, loss only, no XLA):
               default: tf_smb/iterator_release.py);
   smb_owner   the same with TF_SMB_ITERATOR_RELEASE=owner: iterators destroyed where
               Keras drops them, on the training thread, as TensorFlow's strategies do;
+  smb_autotune_owner  smb_owner on a dataset whose options turn tf.data's autotuning
+              on (tf_smb turns its thread off only where the user left it unset):
+              what the epoch boundary costs without either of tf_smb's measures;
   horovod_mpi `--workers` processes of tf_smb.HorovodStrategy under mpirun: the reference,
               through tf_smb's machinery, so its iterators go to the releaser too.
 (MultiWorkerMirroredStrategy cannot run Keras 3's `fit`, see the README's suite.)
@@ -39,11 +42,13 @@ from benchmarks import common
 from benchmarks.processes import commands, role_argv, run_processes, subprocess_env
 from benchmarks.report import fmt, markdown
 
-CONFIGS = {  # name: (launch, fit kind, extra environment)
-    "single": ("single", "single", {}),
-    "smb": ("tf_smb.run", "smb_sync", {}),
-    "smb_owner": ("tf_smb.run", "smb_sync", {"TF_SMB_ITERATOR_RELEASE": "owner"}),
-    "horovod_mpi": ("mpirun", "horovod", {}),
+OWNER = {"TF_SMB_ITERATOR_RELEASE": "owner"}
+CONFIGS = {  # name: (launch, fit kind, extra environment, extra fit arguments)
+    "single": ("single", "single", {}, ()),
+    "smb": ("tf_smb.run", "smb_sync", {}, ()),
+    "smb_owner": ("tf_smb.run", "smb_sync", OWNER, ()),
+    "smb_autotune_owner": ("tf_smb.run", "smb_sync", OWNER, ("--fit_autotune=on",)),
+    "horovod_mpi": ("mpirun", "horovod", {}, ()),
 }
 SAMPLES = {"cnn": 8192, "mlp": 32768, "mlp10m": 4096}
 SMOKE_SAMPLES = {"cnn": 512, "mlp": 1024, "mlp10m": 256}
@@ -63,10 +68,10 @@ def job_times(results: Sequence[dict]) -> dict:
 
 def run_job(config: str, model: str, workers: int, epochs: int, batch: int, samples: int,
             timeout: float) -> dict:
-    launch, kind, extra = CONFIGS[config]
+    launch, kind, extra, fit_args = CONFIGS[config]
     world = 1 if config == "single" else workers
     argv = role_argv("fit", f"--kind={kind}", f"--fit_models={model}", f"--fit_epochs={epochs}",
-                     f"--fit_batch={batch}", f"--samples={model}:{samples}")
+                     f"--fit_batch={batch}", f"--samples={model}:{samples}", *fit_args)
     ok, outputs, reason = run_processes(commands(launch, world, argv, subprocess_env(extra)),
                                         timeout)
     found = [r for out in outputs for r in common.parse_tagged(out)

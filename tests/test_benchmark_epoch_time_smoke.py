@@ -1,5 +1,6 @@
 """Smoke test of `python -m benchmarks.epoch_time --smoke`: every configuration runs
-(one process, SMB with the releaser thread and without, Horovod-MPI)
+(one process, SMB with the releaser thread and without, without it on an
+autotuned dataset, Horovod-MPI)
 and every number is sane."""
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pathlib
 
 from harness import run_single
 
-CONFIGS = ["single", "smb", "smb_owner", "horovod_mpi"]
+CONFIGS = ["single", "smb", "smb_owner", "smb_autotune_owner", "horovod_mpi"]
 
 
 def positive(value: object) -> bool:

@@ -61,8 +61,10 @@ def build_fit_model(model: str):
 
 
 def run(kind: str, models: Sequence[str], epochs: int, batch: int,
-        samples: Dict[str, int]) -> None:
-    """Fits each model with the strategy `kind`; every rank prints each model's epoch times."""
+        samples: Dict[str, int], autotune: Optional[bool] = None) -> None:
+    """Fits each model with the strategy `kind`; every rank prints each model's epoch times.
+    `autotune` True/False sets the dataset's `options.autotune.enabled` (a user's
+    explicit choice); None leaves it unset."""
     import tensorflow as tf
 
     if kind == "mwms":  # before anything initializes TensorFlow's context
@@ -112,6 +114,10 @@ def run(kind: str, models: Sequence[str], epochs: int, batch: int,
     for model in models:
         x, y = fit_data(model, samples[model])
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+        if autotune is not None:
+            options = tf.data.Options()
+            options.autotune.enabled = autotune
+            dataset = dataset.with_options(options)
         nets, timers = {}, {}
         for name, strategy in strategies.items():
             with strategy.scope():
@@ -160,13 +166,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--fit_epochs", type=int, required=True)
     parser.add_argument("--fit_batch", type=int, required=True, help="global batch")
     parser.add_argument("--samples", required=True, help="samples per epoch, model:N,...")
+    parser.add_argument("--fit_autotune", choices=("unset", "on", "off"), default="unset",
+                        help="the dataset's options.autotune.enabled")
     args = parser.parse_args(argv)
     models = common.split_list(args.fit_models, "")
     samples = parse_samples(args.samples)
     if any(m not in FIT_MODELS or m not in samples for m in models):
         parser.error(f"want models of {FIT_MODELS}, each with --samples; got {models}, "
                      f"{samples}")
-    run(args.kind, models, args.fit_epochs, args.fit_batch, samples)
+    run(args.kind, models, args.fit_epochs, args.fit_batch, samples,
+        {"unset": None, "on": True, "off": False}[args.fit_autotune])
 
 
 if __name__ == "__main__":
