@@ -79,6 +79,8 @@ def define_common_flags() -> None:
     flags.DEFINE_enum("update", "delta", ["delta", "sgd"],
                       "SMB async only: delta = the worker's Adam turns gradients "
                       "into deltas; sgd = the box applies momentum SGD itself.")
+    flags.DEFINE_float("box_learning_rate", 0.05,
+                       "SMB async sgd only: the box's SGD learning rate.")
     flags.DEFINE_float("momentum", None,
                        "SMB async sgd only: the box's momentum (default 0.9 with up to 2 "
                        "workers, else 0.5: asynchrony itself acts like momentum, so more "
@@ -213,7 +215,7 @@ def main(argv: Sequence[str]) -> None:
 
     with strategy.scope():
         sgd_in_box = FLAGS.strategy == "smb" and FLAGS.mode == "async" and FLAGS.update == "sgd"
-        model = build_model(0.05 if sgd_in_box else FLAGS.learning_rate,
+        model = build_model(FLAGS.box_learning_rate if sgd_in_box else FLAGS.learning_rate,
                             "sgd" if sgd_in_box else "adam")
 
     # The seeded shuffle gives every worker the same order of global batches;

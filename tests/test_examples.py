@@ -53,8 +53,13 @@ def test_keras_digits_async_three_replica_threads_reach_090(update):
 
 
 def test_keras_digits_async_two_workers_of_two_replica_threads_reach_090():
+    # Four asynchronous pushers with the box's momentum SGD at its default rate
+    # (0.05) for 8 epochs ended below 0.90 in 4 of 46 runs here (0.81-0.87: a
+    # loss spike in the last epochs) and once in CI (0.88). At 0.03 for 10
+    # epochs, 12 of 12 runs ended at 0.957-0.973.
     p = run_launcher(2, [os.path.join(REPO, "examples", "keras_digits.py"), "--mode=async",
-                         "--local_replicas=2", "--update=sgd", "--epochs=8"], timeout=600)
+                         "--local_replicas=2", "--update=sgd", "--box_learning_rate=0.03",
+                         "--epochs=10"], timeout=600)
     assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
     accs = _accuracies(p.stdout, 2)
     assert min(accs) >= 0.90, accs
