@@ -146,7 +146,13 @@ def test_pushes_from_both_nodes_to_segments_on_both_nodes_lose_nothing(nodes, tm
 
 @pytest.mark.parametrize("update", ["delta", "sgd"])
 def test_keras_digits_async_across_nodes_reaches_090(nodes, update):
-    launch = launch_script(nodes, [KERAS_DIGITS, "--mode=async", f"--update={update}"], 900)
+    # Four asynchronous pushers with the box's momentum SGD at the example's
+    # default rate (0.05) ended below 0.90 in 3 of 27 runs here (0.80-0.88, a
+    # loss spike late in training) and once in CI (the 2x2 threads test in
+    # test_examples.py: the same). At 0.03, 27 of 27 ended at 0.93-0.96.
+    rate = ["--box_learning_rate=0.03"] if update == "sgd" else []
+    launch = launch_script(nodes, [KERAS_DIGITS, "--mode=async", f"--update={update}", *rate],
+                           900)
     for rank in range(WORLD):
         accs = [float(a) for a in re.findall(r"test accuracy: *([0-9.]+)",
                                              launch.rank_output(rank))]

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import distribute_utils
-from tensorflow.python.distribute import input_util
 from tensorflow.python.distribute import one_device_strategy
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.framework import ops as framework_ops
@@ -44,7 +43,7 @@ from tensorflow.python.ops import control_flow_util
 from tf_smb import env as env_lib
 from tf_smb import keras_support
 from tf_smb.collectives import Collectives
-from tf_smb.iterator_release import tend_iterators, without_autotune_thread
+from tf_smb.iterator_release import distributed_dataset, distributed_datasets_from_function
 
 if TYPE_CHECKING:
     from tf_smb.async_mode import AsyncEngine, BoxSegment
@@ -293,19 +292,19 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
             options = tf.distribute.InputOptions(
                 experimental_fetch_to_device=False,
                 experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA)
-        return tend_iterators(input_util.get_distributed_dataset(
-            without_autotune_thread(dataset), self._input_workers_with_options(options),
-            self._container_strategy(), options=options, **kwargs))
+        return distributed_dataset(
+            dataset, self._input_workers_with_options(options),
+            self._container_strategy(), options=options, **kwargs)
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
         if self._job.size == 1:
             return dataset_fn(self._make_input_context())
-        return tend_iterators(input_util.get_distributed_datasets_from_function(
-            lambda context: without_autotune_thread(dataset_fn(context)),
+        return distributed_datasets_from_function(
+            dataset_fn,
             self._input_workers_with_options(options),
             [self._make_input_context()],
             self._container_strategy(),
-            options=options))
+            options=options)
 
     def _experimental_distribute_values_from_function(self, value_fn):
         return value_fn(distribute_lib.ValueContext(self._job.rank, self._job.size))

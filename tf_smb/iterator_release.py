@@ -35,8 +35,9 @@ Three measures:
   wherever their last owner drops them, as in TensorFlow's own strategies);
   the default is ``thread``.
 
-    dataset = tend_iterators(input_util.get_distributed_dataset(
-        without_autotune_thread(dataset), ...))
+Strategies get both through `distributed_dataset` and
+`distributed_datasets_from_function`, which wrap TensorFlow's
+`input_util` functions of the same names.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.data.ops import multi_device_iterator_ops
 from tensorflow.python.data.ops import options as options_lib
 from tensorflow.python.distribute import input_lib
+from tensorflow.python.distribute import input_util
 from tensorflow.python.framework import ops as framework_ops
 
 MAX_HELD = 16
@@ -222,3 +224,19 @@ def tend_iterators(dataset: Any) -> Any:
         # A subclass that adds no state: only iteration is ours.
         dataset.__class__ = _teardown_class(type(dataset), hold=choice == "thread")
     return dataset
+
+
+def distributed_dataset(dataset: Any, *args: Any, **kwargs: Any) -> Any:
+    """`input_util.get_distributed_dataset(dataset, *args, **kwargs)` with
+    `dataset`'s autotuning thread off (`without_autotune_thread`) and its
+    iterators tended (`tend_iterators`)."""
+    return tend_iterators(input_util.get_distributed_dataset(
+        without_autotune_thread(dataset), *args, **kwargs))
+
+
+def distributed_datasets_from_function(dataset_fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """`input_util.get_distributed_datasets_from_function(dataset_fn, *args,
+    **kwargs)` with the datasets `dataset_fn` makes without the autotuning
+    thread and the iterators tended, as `distributed_dataset`."""
+    return tend_iterators(input_util.get_distributed_datasets_from_function(
+        lambda context: without_autotune_thread(dataset_fn(context)), *args, **kwargs))

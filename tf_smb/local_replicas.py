@@ -47,7 +47,6 @@ from typing import Any, List, Optional, Sequence
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import distribute_utils
-from tensorflow.python.distribute import input_util
 from tensorflow.python.distribute import mirrored_run
 from tensorflow.python.distribute import parameter_server_strategy
 from tensorflow.python.distribute import values as values_lib
@@ -57,7 +56,7 @@ from tensorflow.python.distribute import ps_values
 from tf_smb import env as env_lib
 from tf_smb import keras_support
 from tf_smb import ops as smb_ops
-from tf_smb.iterator_release import tend_iterators, without_autotune_thread
+from tf_smb.iterator_release import distributed_dataset, distributed_datasets_from_function
 from tf_smb.async_mode import AsyncConfig, AsyncEngine, sgd_step_arguments
 from tf_smb.collectives import Collectives
 from tf_smb import data_parallel
@@ -225,21 +224,21 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
         # (their metrics are their own); in training each takes its share.
         own_share = self._job.size > 1 and not (
             self._async is not None and keras_support.in_eval_phase())
-        return tend_iterators(input_util.get_distributed_dataset(
-            without_autotune_thread(dataset),
+        return distributed_dataset(
+            dataset,
             self._input_workers_with_options(options),
             self._container_strategy(),
             num_replicas_in_sync=self._num_replicas_in_sync,
             input_context=self._make_input_context() if own_share else None,
-            options=options))
+            options=options)
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
-        return tend_iterators(input_util.get_distributed_datasets_from_function(
-            lambda context: without_autotune_thread(dataset_fn(context)),
+        return distributed_datasets_from_function(
+            dataset_fn,
             self._input_workers_with_options(options),
             [self._make_input_context()],
             self._container_strategy(),
-            options=options))
+            options=options)
 
     def _experimental_distribute_values_from_function(self, value_fn):
         values = [value_fn(distribute_lib.ValueContext(
