@@ -26,8 +26,8 @@ Part 2, time to accuracy: `python -m tf_smb.run -np 2 python examples/keras_digi
 with --mode=sync, --mode=async and --mode=async --update=sgd, and the reference
 `mpirun -np 2 ... --strategy=horovod`, each `--repeats` times: the wall time of the whole
 run, rank 0's printed `test accuracy`, and the training seconds until rank 0's weights
-first reach `--target_accuracy` on the test set at an epoch's end (keras_digits
---accuracy_curve; medians). `accuracy.png` plots test accuracy against training seconds.
+first reach `--target_accuracy` on the test set, taken after every `--tta_curve_every`
+of rank 0's batches and at every epoch's end (keras_digits --accuracy_curve; medians). `accuracy.png` plots test accuracy against training seconds.
 
     python -m benchmarks.async_step                     # full run (from the checkout)
     python -m benchmarks.async_step --models=resnet50 --workers=2 \\
@@ -91,6 +91,9 @@ flags.DEFINE_string("tta_modes", ",".join(TTA_MODES),
 flags.DEFINE_integer("tta_workers", 2, "workers of the part-2 runs")
 flags.DEFINE_integer("epochs", None, "keras_digits --epochs (default: its own, 15; "
                      "2 with --smoke)")
+flags.DEFINE_integer("tta_curve_every", 4, "part 2: a point of the accuracy curve after "
+                     "every this many of rank 0's batches (about 11 an epoch at 2 workers), "
+                     "besides every epoch's end; 0: epoch ends only", lower_bound=0)
 flags.DEFINE_integer("repeats", 1, "runs of each part-2 mode (medians)")
 flags.DEFINE_float("target_accuracy", 0.95, "part 2: the test accuracy whose time is reported")
 flags.DEFINE_bool("smoke", False, "tiny model, 2 workers, few steps and epochs (for CI)")
@@ -128,18 +131,20 @@ def bench_comm(model: str, world: int, modes: List[str], iters: int, warmup: int
 class TtaRun(NamedTuple):
     wall_s: float         # the whole run, start-up included
     accuracy: float       # rank 0's final test accuracy
-    curve: List[dict]     # per epoch: train_s (since training began), test_accuracy
+    curve: List[dict]     # per point: train_s (since training began), test_accuracy, ...
+    record_s: float       # rank 0's training time spent taking the curve's points
 
 
 def seconds_to(curve: Sequence[dict], target: float) -> Optional[float]:
-    """Training seconds at the first epoch end whose test accuracy reaches `target`."""
+    """Training seconds at the curve's first point whose test accuracy reaches `target`."""
     return next((p["train_s"] for p in curve if p["test_accuracy"] >= target), None)
 
 
 def run_tta(mode: str, epochs: Optional[int], curve_path: pathlib.Path,
             failures: List[Failure]) -> Optional[TtaRun]:
     """One keras_digits run (tf_smb.run; Horovod: mpirun) with rank 0's accuracy curve."""
-    argv = [sys.executable, str(DIGITS), *TTA_MODES[mode], f"--accuracy_curve={curve_path}"]
+    argv = [sys.executable, str(DIGITS), *TTA_MODES[mode], f"--accuracy_curve={curve_path}",
+            f"--accuracy_curve_every={FLAGS.tta_curve_every}"]
     if epochs is not None:
         argv.append(f"--epochs={epochs}")
     launch = "mpirun" if mode == "horovod" else "tf_smb.run"
@@ -150,11 +155,14 @@ def run_tta(mode: str, epochs: Optional[int], curve_path: pathlib.Path,
     # tf_smb.run tags rank 0's lines "[0]: "; under mpirun rank 0 is the one that
     # writes the curve, and every rank prints the same final accuracy.
     m = re.search(r"^(?:\[0\]: )?test accuracy: ([0-9.]+)\s*$", outputs[0], re.MULTILINE)
-    if not ok or m is None or not curve_path.exists():
+    taking = re.search(r"^(?:\[0\]: )?accuracy curve: \d+ points, ([0-9.]+) s", outputs[0],
+                       re.MULTILINE)
+    if not ok or m is None or taking is None or not curve_path.exists():
         report_failure(failures, f"keras_digits {mode}",
                        reason or "no test accuracy line or accuracy curve", error_tail(outputs))
         return None
-    return TtaRun(wall, float(m.group(1)), json.loads(curve_path.read_text()))
+    return TtaRun(wall, float(m.group(1)), json.loads(curve_path.read_text()),
+                  float(taking.group(1)))
 
 
 def plot_accuracy(path: pathlib.Path, curves: Dict[str, List[dict]], target: float) -> None:
@@ -166,7 +174,8 @@ def plot_accuracy(path: pathlib.Path, curves: Dict[str, List[dict]], target: flo
     fig, ax = plt.subplots(figsize=(7.0, 4.6))
     for mode, curve in curves.items():
         ax.plot([p["train_s"] for p in curve], [p["test_accuracy"] for p in curve],
-                marker="o", markersize=4, linewidth=2, label=TTA_LABELS[mode])
+                marker="o", markersize=4, linewidth=2, label=TTA_LABELS[mode],
+                markevery=[i for i, p in enumerate(curve) if p.get("epoch_end", True)])
     ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"{target:g}")
     ax.set_xlabel("training seconds (rank 0)")
     ax.set_ylabel("test accuracy")
@@ -217,7 +226,7 @@ def run_driver(models: List[str], worlds: List[int], modes: List[str],
     if tta_modes:
         target = FLAGS.target_accuracy
         to_target = f"training s to {target:g}"
-        header = ["mode", "wall s", "test accuracy", to_target]
+        header = ["mode", "wall s", "test accuracy", to_target, "s taking curve points"]
         tta_rows: List[List[object]] = []
         curves: Dict[str, List[dict]] = {}  # the first run of each mode, plotted
         for mode in tta_modes:
@@ -235,18 +244,23 @@ def run_driver(models: List[str], worlds: List[int], modes: List[str],
                 reached = None
             if runs:
                 curves[mode] = runs[0].curve
-            tta_rows.append([TTA_LABELS[mode], wall, acc, reached])
+            taking = statistics.median(r.record_s for r in runs) if runs else None
+            tta_rows.append([TTA_LABELS[mode], wall, acc, reached, taking])
             print(f"keras_digits {mode}: {fmt(wall)} s, test accuracy {fmt(acc)}, "
                   f"{fmt(reached)} training s to {target:g}", flush=True)
-        table = markdown(header, [[r[0], fmt(r[1], ".1f"), fmt(r[2], ".4f"), fmt(r[3], ".1f")]
-                                  for r in tta_rows])
+        table = markdown(header, [[r[0], fmt(r[1], ".1f"), fmt(r[2], ".4f"), fmt(r[3], ".2f"),
+                                   fmt(r[4], ".3f")] for r in tta_rows])
+        points = (f"point (after every {FLAGS.tta_curve_every} of its batches, and every "
+                  f"epoch end)" if FLAGS.tta_curve_every else "epoch end")
         note = (f"`python -m tf_smb.run -np {FLAGS.tta_workers} python examples/keras_digits.py"
                 f" --mode=...` (Horovod-MPI: `mpirun -np {FLAGS.tta_workers} ... "
                 f"--strategy=horovod`), epochs {epochs if epochs is not None else 'its default (15)'};"
                 f" wall s = the whole run (start-up included), test accuracy = rank 0's; "
                 f"{to_target} = rank 0's training time (from the start of `fit`) at the "
-                f"first epoch end whose weights reach {target:g} on the test set (n/a: "
-                f"never); medians of {FLAGS.repeats} run(s). Plot: `accuracy.png`.")
+                f"first {points} whose weights reach {target:g} on the test set (n/a: "
+                f"never); s taking curve points = rank 0's training time spent copying "
+                f"the weights for the curve (counted in its training s); medians of "
+                f"{FLAGS.repeats} run(s). Plot: `accuracy.png`.")
         sections.append(f"## Time to accuracy (keras_digits)\n\n{table}\n\n{note}")
         write_csv(out_dir / "async_accuracy.csv", header,
                   [[r[0], *(fmt(x, ".6g") for x in r[1:])] for r in tta_rows])

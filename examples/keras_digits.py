@@ -26,7 +26,8 @@ Single process, without tf_smb:
 `--batch_size` is the GLOBAL batch size (summed over all workers).
 `--save_path=/tmp/digits.keras` saves the trained model, from rank 0 only.
 `--accuracy_curve=/tmp/curve.json`: rank 0's test accuracy after every epoch
-against training time (benchmarks/async_step.py plots it).
+against training time (benchmarks/async_step.py plots it); with
+`--accuracy_curve_every=N` also after every N-th of rank 0's training batches.
 """
 from __future__ import annotations
 
@@ -174,35 +175,61 @@ def worker_rank(strategy: tf.distribute.Strategy) -> int:
 
 class AccuracyCurve(keras.callbacks.Callback):
     """Test accuracy against training time: keeps the weights and the seconds
-    since training began at every epoch's end; `write` then evaluates each
-    copy on the test set with a plain (strategy-free) network, so that the
-    evaluations take no training time and need no other worker."""
+    since training began at every epoch's end (and, with `every` > 0, after
+    every `every`-th training batch); `write` then evaluates each copy on the
+    test set with a plain (strategy-free) network, so that the evaluations
+    take no training time and need no other worker. Taking a copy does take
+    training time (rank 0's, counted in its seconds): `write` prints the sum."""
 
-    def __init__(self) -> None:
+    def __init__(self, every: int = 0) -> None:
         super().__init__()
+        self._every = every
+        self._epoch = 1
         self._start = 0.0
-        self._points: list = []  # (epoch, seconds, weights)
+        self._batches = 0      # training batches since training began
+        self._record_s = 0.0   # time spent taking copies
+        self._points: list = []  # [epoch, batches, seconds, weights, epoch_end]
+
+    def _record(self, epoch: int, epoch_end: bool) -> None:
+        begin = time.perf_counter()
+        self._points.append([epoch, self._batches, begin - self._start,
+                             self.model.get_weights(), epoch_end])
+        self._record_s += time.perf_counter() - begin
 
     def on_train_begin(self, logs=None) -> None:
         self._start = time.perf_counter()
 
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        self._epoch = epoch + 1
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        self._batches += 1
+        if self._every and self._batches % self._every == 0:
+            self._record(self._epoch, epoch_end=False)
+
     def on_epoch_end(self, epoch, logs=None) -> None:
-        self._points.append((epoch + 1, time.perf_counter() - self._start,
-                             self.model.get_weights()))
+        if self._points and self._points[-1][1] == self._batches:
+            self._points[-1][4] = True  # the epoch's last batch was just taken
+        else:
+            self._record(epoch + 1, epoch_end=True)
 
     def write(self, path: str, data: Digits) -> None:
-        """Writes [{"epoch", "train_s", "test_accuracy"}, ...] as JSON to `path`."""
+        """Writes [{"epoch", "batches", "epoch_end", "train_s", "test_accuracy"},
+        ...] as JSON to `path` (epoch: the epoch the point was taken in, from
+        1; batches: rank 0's training batches so far)."""
         with tf.distribute.get_strategy().scope():  # the default strategy: no workers
             network = build_network()
             network.compile(metrics=["accuracy"],
                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         curve = []
-        for epoch, seconds, weights in self._points:
+        for epoch, batches, seconds, weights, epoch_end in self._points:
             network.set_weights(weights)
             result = network.evaluate(data.x_test, data.y_test, verbose=0, return_dict=True)
-            curve.append({"epoch": epoch, "train_s": seconds,
-                          "test_accuracy": float(result["accuracy"])})
+            curve.append({"epoch": epoch, "batches": batches, "epoch_end": epoch_end,
+                          "train_s": seconds, "test_accuracy": float(result["accuracy"])})
         pathlib.Path(path).write_text(json.dumps(curve))
+        print(f"accuracy curve: {len(curve)} points, {self._record_s:.4f} s of training "
+              f"time spent taking them")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -227,7 +254,8 @@ def main(argv: Sequence[str]) -> None:
                .batch(FLAGS.batch_size))
 
     # shuffle=False: the dataset shuffles itself (Keras would ignore, and warn).
-    curve = AccuracyCurve() if FLAGS.accuracy_curve and rank == 0 else None
+    curve = (AccuracyCurve(FLAGS.accuracy_curve_every)
+             if FLAGS.accuracy_curve and rank == 0 else None)
     model.fit(train_ds, epochs=FLAGS.epochs, shuffle=False, verbose=2 if rank == 0 else 0,
               callbacks=[curve] if curve else None)
     results = model.evaluate(test_ds, verbose=0, return_dict=True)
@@ -248,4 +276,7 @@ if __name__ == "__main__":
     flags.DEFINE_string("accuracy_curve", None,
                         "If set, rank 0 writes here (JSON) the test accuracy of its weights "
                         "at every epoch's end and the training seconds until then.")
+    flags.DEFINE_integer("accuracy_curve_every", 0,
+                         "With --accuracy_curve: also a point after every this many of "
+                         "rank 0's training batches (0: epoch ends only).", lower_bound=0)
     app.run(main)

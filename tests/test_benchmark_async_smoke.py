@@ -48,13 +48,23 @@ def test_benchmark_async_smoke(tmp_path: pathlib.Path) -> None:
     to_target = "training s to 0.95"
     for mode, row in zip(modes, accuracy):
         # Two epochs may not reach 0.95; the time to it is then n/a, else the
-        # curve's first epoch end at or above it.
+        # curve's first point at or above it.
         reached = row.pop(to_target)
         assert_positive_numbers([row], skip="mode")
         assert float(row["test accuracy"]) <= 1.0, row
         curve = json.loads((tmp_path / f"curve_{mode}_0.json").read_text())
-        assert [p["epoch"] for p in curve] == [1, 2], (mode, curve)
-        assert 0 < curve[0]["train_s"] < curve[1]["train_s"], (mode, curve)
+        # A point after every 4th of rank 0's batches (--tta_curve_every's
+        # default) and at each epoch's end, in order of time.
+        ends = [p for p in curve if p["epoch_end"]]
+        assert [p["epoch"] for p in ends] == [1, 2], (mode, curve)
+        assert ends[1]["batches"] == 2 * ends[0]["batches"], (mode, curve)
+        assert ends[-1] is curve[-1], (mode, curve)
+        within = [p["batches"] for p in curve if not p["epoch_end"]]
+        assert within and all(b % 4 == 0 for b in within), (mode, curve)
+        assert len(within) >= ends[1]["batches"] // 4 - 1, (mode, curve)
+        for earlier, later in zip(curve, curve[1:]):
+            assert earlier["batches"] < later["batches"], (mode, curve)
+            assert 0 < earlier["train_s"] < later["train_s"], (mode, curve)
         first = next((p["train_s"] for p in curve if p["test_accuracy"] >= 0.95), None)
         if first is None:
             assert reached == "n/a", (mode, row, curve)
