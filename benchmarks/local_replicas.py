@@ -16,9 +16,9 @@ batch (SGD with momentum, loss only, no XLA):
   central_storage  one process, `tf.distribute.experimental.CentralStorageStrategy`
                    (compute devices: N logical CPU devices, parameters on /cpu:0).
 
-Models: `cnn` and `mlp` (and `mlp10m`) of benchmarks/roles/fit.py, and `resnet50`:
+Models: `cnn`, `mlp`, `mlp10m` and `resnet50` of benchmarks/roles/fit.py (`resnet50`:
 `keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10,
-classifier_activation=None)`, trained on logits like the others.
+classifier_activation=None)`, trained on logits like the others).
 
 Every dataset is batched with the GLOBAL batch (on every process of smb_procs too: the
 strategy splits it). Measured, in each process:
@@ -59,6 +59,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from benchmarks import common
 from benchmarks.processes import commands, run_processes, subprocess_env
 from benchmarks.report import Failure, error_line, error_tail, fmt, markdown, report_failure
+from benchmarks.roles.fit import build_fit_model, fit_data
 
 CONFIGS = ("single", "smb_local", "smb_procs", "mirrored", "central_storage")
 MODELS = ("cnn", "mlp", "mlp10m", "resnet50")
@@ -130,33 +131,6 @@ def make_strategy(config: str, replicas: int):
     raise ValueError(f"unknown configuration {config!r}; known: {', '.join(CONFIGS)}")
 
 
-def model_data(model: str, samples: int):
-    """Synthetic inputs and labels for `model` (benchmarks/roles/fit.py's, and 32x32x3
-    images for resnet50)."""
-    if model != "resnet50":
-        from benchmarks.roles.fit import fit_data
-        return fit_data(model, samples)
-    import numpy as np
-    rng = np.random.default_rng(0)
-    return (rng.random((samples, 32, 32, 3), dtype=np.float32),
-            rng.integers(0, 10, samples).astype(np.int32))
-
-
-def build_model(model: str):
-    """The model, compiled as benchmarks/roles/fit.py compiles its own."""
-    if model != "resnet50":
-        from benchmarks.roles.fit import build_fit_model
-        return build_fit_model(model)
-    import keras
-    keras.utils.set_random_seed(0)
-    net = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10,
-                                      classifier_activation=None)
-    net.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                jit_compile=False)
-    return net
-
-
 def run_worker(config: str, replicas: int, model: str, epochs: int, batch: int,
                samples: int) -> None:
     """Fits `model` under `config` and prints one result line (every process); an
@@ -198,13 +172,13 @@ def fit_worker(config: str, replicas: int, model: str, epochs: int, batch: int,
         def on_epoch_end(self, epoch, logs=None) -> None:
             self.times.append(time.perf_counter() - self._start)
 
-    x, y = model_data(model, samples)
+    x, y = fit_data(model, samples)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
     if strategy is None:
-        net = build_model(model)
+        net = build_fit_model(model)
     else:
         with strategy.scope():
-            net = build_model(model)
+            net = build_fit_model(model)
     rss_before_fit = proc_status_mib("VmRSS")
     timer = EpochTimer()
     fit_start = time.perf_counter()

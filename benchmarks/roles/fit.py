@@ -1,7 +1,10 @@
-"""fit: model.fit throughput of a small CNN or an MLP with one strategy.
+"""fit: model.fit throughput of a small CNN, an MLP or ResNet-50 with one strategy.
 
-Models: cnn (56,714 parameters), mlp (784-512-512-10) and mlp10m (784-2048-2048-2048-784-10,
-11.6M parameters: 46 MB of gradients a step, communication-heavy).
+Models: cnn (56,714 parameters), mlp (784-512-512-10), mlp10m (784-2048-2048-2048-784-10,
+11.6M parameters: 46 MB of gradients a step, communication-heavy) and resnet50
+(`keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)` on
+logits: its 23.6M parameters and 161 gradient tensors, on small images so that a step
+takes seconds, not minutes, on 2 cores).
 
     python -m tf_smb.run -np 2 python -m benchmarks.roles.fit --kind=smb_sync \
         --fit_models=cnn,mlp --fit_epochs=8 --fit_batch=256 --samples=cnn:8192,mlp:32768
@@ -24,36 +27,46 @@ from typing import Dict, List, Optional, Sequence
 from benchmarks import common
 
 KINDS = ("smb_sync", "smb_async", "horovod", "mwms", "single")
-FIT_MODELS = ("cnn", "mlp", "mlp10m")
+FIT_MODELS = ("cnn", "mlp", "mlp10m", "resnet50")
+IMAGE_SHAPES = {"cnn": (28, 28, 1), "resnet50": (32, 32, 3)}
 
 
 def fit_data(model: str, samples: int):
     import numpy as np
     rng = np.random.default_rng(0)
-    shape = (28, 28, 1) if model == "cnn" else (784,)
+    shape = IMAGE_SHAPES.get(model, (784,))
     x = rng.random((samples, *shape), dtype=np.float32)
     y = rng.integers(0, 10, samples).astype(np.int32)
     return x, y
 
 
+def _layers(model: str) -> list:
+    """The layers of the CNN or an MLP."""
+    import keras
+    if model == "cnn":
+        return [keras.Input(IMAGE_SHAPES[model]),
+                keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.MaxPooling2D(),
+                keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
+                keras.layers.Flatten(), keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(10)]
+    if model == "mlp":
+        return [keras.Input((784,)), keras.layers.Dense(512, activation="relu"),
+                keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)]
+    # mlp10m: communication-heavy, 11.6M parameters (46 MB of gradients)
+    return [keras.Input((784,)), *(keras.layers.Dense(2048, activation="relu")
+                                   for _ in range(3)),
+            keras.layers.Dense(784, activation="relu"), keras.layers.Dense(10)]
+
+
 def build_fit_model(model: str):
-    """The small CNN or an MLP, compiled (SGD with momentum, loss only, no XLA)."""
+    """The small CNN, an MLP or ResNet-50, compiled (SGD with momentum, loss only, no XLA)."""
     import keras
     keras.utils.set_random_seed(0)  # the same initial weights on every worker and run
-    if model == "cnn":
-        layers = [keras.Input((28, 28, 1)),
-                  keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.MaxPooling2D(),
-                  keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
-                  keras.layers.Flatten(), keras.layers.Dense(64, activation="relu"),
-                  keras.layers.Dense(10)]
-    elif model == "mlp":
-        layers = [keras.Input((784,)), keras.layers.Dense(512, activation="relu"),
-                  keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)]
-    else:  # mlp10m: communication-heavy, 11.6M parameters (46 MB of gradients)
-        layers = [keras.Input((784,)), *(keras.layers.Dense(2048, activation="relu")
-                                         for _ in range(3)),
-                  keras.layers.Dense(784, activation="relu"), keras.layers.Dense(10)]
-    net = keras.Sequential(layers, name=f"bench_{model}")
+    if model == "resnet50":
+        net = keras.applications.ResNet50(weights=None, input_shape=IMAGE_SHAPES[model],
+                                          classes=10, classifier_activation=None)
+    else:
+        net = keras.Sequential(_layers(model), name=f"bench_{model}")
     net.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 jit_compile=False)
