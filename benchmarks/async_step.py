@@ -27,7 +27,8 @@ with --mode=sync, --mode=async and --mode=async --update=sgd, and the reference
 `mpirun -np 2 ... --strategy=horovod`, each `--repeats` times: the wall time of the whole
 run, rank 0's printed `test accuracy`, and the training seconds until rank 0's weights
 first reach `--target_accuracy` on the test set, taken after every `--tta_curve_every`
-of rank 0's batches and at every epoch's end (keras_digits --accuracy_curve; medians). `accuracy.png` plots test accuracy against training seconds.
+of rank 0's batches and at every epoch's end (keras_digits --accuracy_curve; medians).
+`accuracy.png` plots test accuracy against training seconds.
 
     python -m benchmarks.async_step                     # full run (from the checkout)
     python -m benchmarks.async_step --models=resnet50 --workers=2 \\
