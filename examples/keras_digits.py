@@ -188,12 +188,13 @@ class AccuracyCurve(keras.callbacks.Callback):
         self._start = 0.0
         self._batches = 0      # training batches since training began
         self._record_s = 0.0   # time spent taking copies
-        self._points: list = []  # [epoch, batches, seconds, weights, epoch_end]
+        self._points: list = []  # (the curve's point without its accuracy, weights)
 
     def _record(self, epoch: int, epoch_end: bool) -> None:
         begin = time.perf_counter()
-        self._points.append([epoch, self._batches, begin - self._start,
-                             self.model.get_weights(), epoch_end])
+        point = {"epoch": epoch, "batches": self._batches, "epoch_end": epoch_end,
+                 "train_s": begin - self._start}
+        self._points.append((point, self.model.get_weights()))
         self._record_s += time.perf_counter() - begin
 
     def on_train_begin(self, logs=None) -> None:
@@ -208,8 +209,9 @@ class AccuracyCurve(keras.callbacks.Callback):
             self._record(self._epoch, epoch_end=False)
 
     def on_epoch_end(self, epoch, logs=None) -> None:
-        if self._points and self._points[-1][1] == self._batches:
-            self._points[-1][4] = True  # the epoch's last batch was just taken
+        last = self._points[-1][0] if self._points else None
+        if last is not None and last["batches"] == self._batches:
+            last["epoch_end"] = True  # the epoch's last batch was just taken
         else:
             self._record(epoch + 1, epoch_end=True)
 
@@ -222,11 +224,10 @@ class AccuracyCurve(keras.callbacks.Callback):
             network.compile(metrics=["accuracy"],
                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         curve = []
-        for epoch, batches, seconds, weights, epoch_end in self._points:
+        for point, weights in self._points:
             network.set_weights(weights)
             result = network.evaluate(data.x_test, data.y_test, verbose=0, return_dict=True)
-            curve.append({"epoch": epoch, "batches": batches, "epoch_end": epoch_end,
-                          "train_s": seconds, "test_accuracy": float(result["accuracy"])})
+            curve.append({**point, "test_accuracy": float(result["accuracy"])})
         pathlib.Path(path).write_text(json.dumps(curve))
         print(f"accuracy curve: {len(curve)} points, {self._record_s:.4f} s of training "
               f"time spent taking them")
