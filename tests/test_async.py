@@ -25,6 +25,21 @@ def test_workers_end_with_the_boxs_final_values():
     assert results[0]["weights_sum"] == results[1]["weights_sum"]
 
 
+def test_fit_counts_each_workers_own_batches_and_validates_on_all_data():
+    # 3 workers: every 3rd batch each, unevenly (22 batches: 8, 7, 7).
+    results = [r.check().json() for r in run_ranks(
+        [DIGITS, "--epochs", "2", "--validate"], 3, timeout=600)]
+    for rank, res in enumerate(results):
+        train_total, test_total = res["dataset_batches"]
+        own = len(range(rank, train_total, 3))
+        assert res["announced_steps"] == [own, own], (rank, res)
+        assert res["trained_batches"] == [own, own], (rank, res)
+        # fit's validation, like evaluate, runs on all the test data.
+        assert res["validated_batches"] == [test_total, test_total], (rank, res)
+        assert not [w for w in res["warnings"] if "ran out of data" in w], (rank, res)
+    assert sorted(r["trained_batches"][0] for r in results) == [7, 7, 8], results
+
+
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_staleness_bound_with_a_slow_worker(staleness):
     results = [r.check().json() for r in run_ranks(

@@ -278,6 +278,14 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         return self._distributed(dataset, options, num_replicas_in_sync=self._job.size,
                                  input_context=self._make_input_context())
 
+    def training_batches(self, num_batches: int) -> int:
+        """How many of a dataset's `num_batches` global batches this worker
+        trains on in an epoch: every one (each worker takes its part of each),
+        or in async mode every size-th (`_experimental_distribute_dataset`)."""
+        if self._engine is None:
+            return num_batches
+        return len(range(self._job.rank, num_batches, self._job.size))
+
     def _distributed(self, dataset, options, **kwargs):
         """TensorFlow's distributed dataset of `dataset` for this worker's one device.
 

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
@@ -32,6 +33,8 @@ def main():
     p.add_argument("--marker_dir", default="")
     p.add_argument("--result_dir", default="",
                    help="also write the JSON line to RESULT_DIR/rank<r>.json")
+    p.add_argument("--validate", action="store_true",
+                   help="fit with the test set as validation_data (batches of 64)")
     a = p.parse_args()
     keras.utils.set_random_seed(0)
     strategy = tf_smb.SMBStrategy(mode="async", staleness=a.staleness, update=a.update,
@@ -44,12 +47,24 @@ def main():
         model = keras_digits.build_model(0.05 if sgd else 0.003, "sgd" if sgd else "adam")
 
     class Hooks(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            # Per epoch: the steps Keras announced, the training batches run,
+            # and the validation batches run.
+            self.announced, self.trained, self.validated = [], [], []
+
+        def on_test_batch_end(self, batch, logs=None):
+            if self.validated:
+                self.validated[-1] += 1
+
         def on_train_batch_begin(self, batch, logs=None):
             if rank == a.slow_rank:
                 time.sleep(a.delay)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
+            self.announced.append(self.params["steps"])
+            self.trained.append(0)
+            self.validated.append(0)
             if a.marker_dir:
                 with open(os.path.join(a.marker_dir, f"epoch{rank}"), "w") as f:
                     f.write(str(epoch))
@@ -66,6 +81,7 @@ def main():
             self.own_seconds = time.time() - start  # before waiting for the others
 
         def on_train_batch_end(self, batch, logs=None):
+            self.trained[-1] += 1
             if rank == a.kill_rank and self.epoch == a.kill_epoch and batch == 3:
                 os.kill(os.getpid(), 9)
 
@@ -73,12 +89,20 @@ def main():
              .shuffle(len(data.x_train), seed=0).batch(64))
     hooks = Hooks()
     start = time.time()
-    model.fit(train, epochs=a.epochs, verbose=0, callbacks=[hooks])
+    test = (tf.data.Dataset.from_tensor_slices((data.x_test, data.y_test)).batch(64)
+            if a.validate else None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(train, epochs=a.epochs, verbose=0, callbacks=[hooks], validation_data=test)
     res = model.evaluate(data.x_test, data.y_test, batch_size=128, verbose=0,
                          return_dict=True)
     line = json.dumps({"rank": rank, "accuracy": res["accuracy"], "seconds": hooks.own_seconds,
                        "steps": int(strategy.extended.steps.numpy()),
                        "max_gap": int(strategy.extended.max_clock_gap.numpy()),
+                       "announced_steps": hooks.announced, "trained_batches": hooks.trained,
+                       "validated_batches": hooks.validated,
+                       "dataset_batches": [-(-len(data.x_train) // 64), -(-len(data.x_test) // 64)],
+                       "warnings": [str(w.message)[:200] for w in caught],
                        "weights_sum": float(sum(float(tf.reduce_sum(w))
                                                 for w in model.trainable_variables))})
     print(line, flush=True)

@@ -131,9 +131,12 @@ def install_fit_hooks() -> None:
             if async_strategy is None:
                 return fit(self, *args, **kwargs)
             smb_ops.clock_finish(False)
+            fitting = getattr(_phase, "async_fit", None)
+            _phase.async_fit = _AsyncFit(async_strategy)
             try:
                 history = fit(self, *args, **kwargs)
             finally:
+                _phase.async_fit = fitting
                 smb_ops.clock_finish(True)  # never hold the others back, even on error
             async_strategy.finish_training()
             return history
@@ -150,6 +153,68 @@ def install_fit_hooks() -> None:
     keras.Model.fit = fit_hook
     keras.Model.evaluate = eval_hook(evaluate)
     keras.Model.predict = eval_hook(predict)
+    _install_epoch_length_hook()
+
+
+class _AsyncFit:
+    """An asynchronous `fit` running in this thread: its strategy, and whether
+    Keras made its training epoch iterator yet."""
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+        self.training_iterator_made = False
+
+
+def _install_epoch_length_hook() -> None:
+    """Hooks the epoch iterators an asynchronous `fit` makes.
+
+    The first is the training data's: an asynchronous worker trains on every
+    N-th batch, so Keras, which takes an epoch's length from the data it was
+    given, would count N times too many steps and warn at every epoch's end
+    that the input "ran out of data"; it gets this worker's count instead.
+    Any later one is `fit`'s validation data, which Keras prepares outside
+    `evaluate`: it is made as `evaluate` would make it (all the data).
+    """
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator  # pylint: disable=import-outside-toplevel
+    init = TFEpochIterator.__init__
+
+    @functools.wraps(init)
+    def init_hook(self, distribute_strategy=None, *args, **kwargs):
+        fitting = getattr(_phase, "async_fit", None)
+        if (fitting is None or fitting.strategy is not distribute_strategy
+                or in_eval_phase()):
+            init(self, distribute_strategy, *args, **kwargs)
+        elif fitting.training_iterator_made:
+            with _eval_phase():
+                init(self, distribute_strategy, *args, **kwargs)
+        else:
+            fitting.training_iterator_made = True
+            init(self, distribute_strategy, *args, **kwargs)
+            # Local replicas take a part of every batch: their count is Keras'.
+            training_batches = getattr(distribute_strategy.extended, "training_batches", None)
+            if training_batches is not None and not self.steps_per_epoch:
+                _count_own_batches(self, training_batches)
+
+    TFEpochIterator.__init__ = init_hook
+
+
+def _count_own_batches(epoch_iterator: Any, training_batches: Any) -> None:
+    """Makes `epoch_iterator` count this worker's batches, also after the
+    `reset()` with which Keras starts every epoch (it recounts the data's)."""
+    # pylint: disable=protected-access
+    def count() -> None:
+        data_batches = epoch_iterator.data_adapter.num_batches
+        if data_batches:  # None while the data's length is unknown
+            epoch_iterator._num_batches = training_batches(data_batches)
+
+    reset = epoch_iterator.reset
+
+    def reset_hook() -> None:
+        reset()
+        count()
+
+    epoch_iterator.reset = reset_hook
+    count()
 
 
 def install_async_hooks() -> None:
