@@ -43,6 +43,9 @@ def test_sgd_mode_applies_gradient_steps_in_the_box_and_other_updates_as_deltas(
         assert r["after_no_args"] == pytest.approx([0.0] * 3), r          # weight decay
         assert r["after_sgd"] == pytest.approx([-0.2] * 3), r             # w -= lr * g
         assert r["after_variable_arg"] == pytest.approx([4.8] * 3), r     # EMA overwrite
+        # Inside tf.function: an in-place update's delta, and a step's read.
+        assert r["after_function_update"] == pytest.approx([3.3] * 3), r
+        assert r["read_in_step"] == pytest.approx([3.3] * 3), r
 
 
 def test_segments_are_named_by_variable_path_alike_on_every_worker():

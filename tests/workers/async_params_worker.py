@@ -67,6 +67,26 @@ def scenario_sgd_args(strategy, a):
     strategy.barrier()
     out["after_variable_arg"] = _box_value(strategy, v).tolist()     # -0.2 + 2*(3-0.5)
     strategy.barrier()
+
+    # In a tf.function the engine leaves ordering to TF's automatic control
+    # dependencies: the snapshot before the in-place update, the push's read
+    # after it, and a step's reads after the box's values are assigned.
+    @tf.function
+    def decay_in_function():
+        ext.update(v, lambda var: var.assign_sub(var * 0.25))         # local 3 -> 2.25
+
+    decay_in_function()
+    strategy.barrier()
+    out["after_function_update"] = _box_value(strategy, v).tolist()  # 4.8 - 2*0.75
+    strategy.barrier()
+    v.assign(tf.zeros([3]))  # this worker's copy only; the step reads the box first
+
+    @tf.function
+    def value_in_step():
+        return strategy.run(lambda: v.read_value() + 0.0)
+
+    out["read_in_step"] = value_in_step().numpy().tolist()           # the box's 3.3
+    strategy.barrier()
     return out
 
 
