@@ -7,10 +7,11 @@ number of `--workers`, every worker (benchmarks/roles/async_steps.py) times thes
 each one tf.function call:
   * sync all-reduce: one fused `tf_smb.allreduce(grads)`, the collective of a
     synchronous step (SMBStrategy(mode="sync"));
-  * async read+push: `ops.segment_read` of every parameter, then `ops.segment_push` of a delta
-    for each (segment += delta in the box), what SMBStrategy(mode="async") does per step;
-  * async read+sgd: `segment_read` of every parameter, then `ops.segment_apply_sgd` of a
-    gradient for each (the box runs momentum SGD, `--sgd_momentum`; update="sgd").
+  * async read+push: `ops.segment_read_into` every parameter's variable (the worker's
+    copy), then `ops.segment_push` of a delta for each (segment += delta in the box), what
+    SMBStrategy(mode="async") does per step;
+  * async read+sgd: the same reads, then `ops.segment_apply_sgd` of a gradient for each
+    (the box runs momentum SGD, `--sgd_momentum`; update="sgd").
 The workers pass one barrier before and one after each timed loop, none in between: each
 runs its steps back to back, so the sync steps wait for one another in the all-reduce and
 the async ones do not. Each step is timed separately (perf_counter around the call and the

@@ -69,13 +69,19 @@ def test_killed_worker_does_not_stop_the_others():
         assert res["accuracy"] >= 0.90, res
 
 
-def test_pushing_wrong_shape_or_dtype_is_refused_and_changes_nothing():
+def test_pushing_or_reading_into_wrong_shape_or_dtype_is_refused_and_changes_nothing():
     keras_worker = os.path.join(WORKERS, "keras_worker.py")
     for r in run_ranks([keras_worker, "async_bad_push"], 2, timeout=300):
         res = r.check().json()
         assert all(e and "float32[2,2]" in e for e in res["errors"]), res
         assert "float32[4]" in res["errors"][0] and "float64[2,2]" in res["errors"][1]
         assert res["value"] == [[1.0, 2.0], [3.0, 4.0]]
+        into = res["read_into"]
+        assert into["value"] == into["again"] == [[1.0, 2.0], [3.0, 4.0]], into
+        assert into["held"] == [[0.0, 0.0], [0.0, 0.0]], into  # copy-on-write
+        assert "float32[2,2], got float32[4]" in into["errors"][0], into
+        assert "float32[2,2], got float64[2,2]" in into["errors"][1], into
+        assert into["bad_values"] == [[0.0] * 4, [[0.0, 0.0], [0.0, 0.0]]], into
 
 
 def test_async_options_are_checked():

@@ -243,15 +243,16 @@ class AsyncEngine:
         if message is not None:
             raise ValueError(message)
 
-    def read(self, param: BoxSegment) -> tf.Tensor:
-        """The box's current value of `param`."""
-        return smb_ops.segment_read(param.name, param.dtype, param.shape,
-                                  consistent=self._config.consistent)
+    def read_into(self, variable: tf.Variable, param: BoxSegment) -> Optional[tf.Operation]:
+        """Sets `variable` to the box's current value of `param`, reading
+        straight into its buffer (the op in a graph, None eagerly)."""
+        return smb_ops.segment_read_into(variable, param.name, param.shape,
+                                         consistent=self._config.consistent)
 
     def refresh(self) -> None:
         """Sets every box-held variable to the box's current value."""
         for ref, param in self._segments.items():
-            ref.deref().assign(self.read(param))
+            self.read_into(ref.deref(), param)
 
     def run_step(self, fn: Callable[..., Any], args: Sequence[Any],
                  kwargs: Dict[str, Any]) -> Any:
@@ -281,8 +282,8 @@ class AsyncEngine:
             deps = [self.max_clock_gap.assign(tf.maximum(self.max_clock_gap, gap)),
                     self.steps.assign_add(1)]
         with tf.control_dependencies(deps):
-            reads = [(ref.deref(), self.read(p)) for ref, p in self._segments.items()]
-            return deps + [v.assign(value) for v, value in reads]
+            reads = [self.read_into(ref.deref(), p) for ref, p in self._segments.items()]
+        return [op for op in deps + reads if op is not None]
 
     def update(self, var: tf.Variable, args: Sequence[Any],
                apply_locally: Callable[[], Any], group: bool) -> Any:

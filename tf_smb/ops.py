@@ -256,6 +256,16 @@ def segment_read(name: str, dtype: tf.DType, shape: Sequence[int],
                                      consistent=consistent)
 
 
+def segment_read_into(variable: tf.Variable, name: str, shape: Sequence[int],
+                      consistent: bool = True) -> Optional[tf.Operation]:
+    """Reads the segment straight into `variable` (of the segment's dtype and
+    shape); a value of the variable read before keeps what it held. Returns
+    the op in a graph, None when executed eagerly."""
+    return _library().smb_segment_read_into(variable.handle, T=variable.dtype,
+                                          shape=list(shape), segment=name,
+                                          consistent=consistent)
+
+
 def segment_home(name: str) -> int:
     """The node whose box holds segment `name`: 0 on one node. Across nodes each
     segment goes, in creation order, to the node holding the fewest segment bytes

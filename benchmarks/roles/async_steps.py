@@ -5,10 +5,11 @@
 
 Step kinds, each one tf.function call:
   * sync: one fused `tf_smb.allreduce(grads)`, the collective of a synchronous step;
-  * push: `ops.segment_read` of every parameter, then `ops.segment_push` of a delta for
-    each (segment += delta in the box), what SMBStrategy(mode="async") does per step;
-  * sgd: `segment_read` of every parameter, then `ops.segment_apply_sgd` of a gradient for
-    each (the box runs momentum SGD; update="sgd").
+  * push: `ops.segment_read_into` every parameter's variable (the worker's copy, as
+    SMBStrategy(mode="async") reads the box at a step's start), then `ops.segment_push`
+    of a delta for each (segment += delta in the box);
+  * sgd: the same reads, then `ops.segment_apply_sgd` of a gradient for each (the box
+    runs momentum SGD; update="sgd").
 One barrier before and one after each timed loop, none in between: the sync steps wait
 for one another in the all-reduce, the async ones do not. The push run is checked:
 afterwards every segment holds the sum of all pushes. Every rank prints one result per
@@ -57,8 +58,12 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
     def sync_step(xs: List[tf.Tensor]) -> tf.Tensor:
         return first(tf_smb.allreduce(xs)[-1])
 
-    def read_all() -> List[tf.Tensor]:
-        return [ops.segment_read(n, tf.float32, s) for n, s in zip(names, shapes)]
+    # The worker's copies of the parameters, which the async steps read the box into.
+    copies = ([tf.Variable(tf.zeros(s)) for s in shapes]
+              if "push" in modes or "sgd" in modes else [])
+
+    def read_all() -> List[tf.Operation]:
+        return [ops.segment_read_into(v, n, s) for v, n, s in zip(copies, names, shapes)]
 
     # The updates wait for every read, as in a step (the gradients come from the reads).
     @tf.function
@@ -67,7 +72,7 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
         with tf.control_dependencies(reads):
             for d, n in zip(deltas, names):
                 ops.segment_push(d, n)
-        return first(reads[-1])  # a tf.function runs all its stateful ops before returning
+        return first(copies[-1])  # a tf.function runs all its stateful ops before returning
 
     @tf.function
     def sgd_step(gs: List[tf.Tensor]) -> tf.Tensor:
@@ -75,7 +80,7 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
         with tf.control_dependencies(reads):
             for g, n in zip(gs, names):
                 ops.segment_apply_sgd(g, learning_rate, n, momentum=sgd_momentum)
-        return first(reads[-1])
+        return first(copies[-1])
 
     steps = {"sync": sync_step, "push": push_step, "sgd": sgd_step}
     if "sync" in modes:  # check the all-reduce once

@@ -7,7 +7,7 @@ The cross-node driver (benchmarks/nodes.py) runs it on two simulated nodes. Per 
   * the all-reduce of `--kind` (smb, horovod, mwms: roles.allreduce.collective), first
     checked and warmed up (roles.allreduce.time_collective, untimed), then `--iters`
     timed steps, each after a barrier, as roles.allreduce times them;
-  * with --push (smb only): the async step of roles.async_steps (`segment_read` of every
+  * with --push (smb only): the async step of roles.async_steps (`segment_read_into` of every
     parameter, then `segment_push` of a delta for each), `--warmup` untimed then
     `--iters` timed steps back to back, every pushed value checked afterwards.
 With --fit_kind, the same job then runs roles.fit (model.fit throughput of
@@ -99,13 +99,15 @@ def time_push(name: str, iters: int, warmup: int, iface: str) -> dict:
             ops.segment_create(d, n, write=False)
     homes = [ops.segment_home(n) for n in names]
 
+    copies = [tf.Variable(tf.zeros(s)) for s in shapes]  # the worker's copies, read into
+
     @tf.function
     def push_step(ds: List[tf.Tensor]) -> tf.Tensor:
-        reads = [ops.segment_read(n, tf.float32, s) for n, s in zip(names, shapes)]
+        reads = [ops.segment_read_into(v, n, s) for v, n, s in zip(copies, names, shapes)]
         with tf.control_dependencies(reads):
             for d, n in zip(ds, names):
                 ops.segment_push(d, n)
-        return tf.reshape(reads[-1], [-1])[0]
+        return tf.reshape(copies[-1], [-1])[0]
 
     for _ in range(warmup):
         push_step(deltas).numpy()

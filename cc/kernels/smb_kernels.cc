@@ -650,6 +650,58 @@ class SmbSegmentReadOp : public OpKernel {
   smb::ReadMode mode_;
 };
 
+class SmbSegmentReadIntoOp : public OpKernel {
+ public:
+  explicit SmbSegmentReadIntoOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
+    OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
+    OP_REQUIRES_OK(c, c->GetAttr("T", &dtype_));
+    bool consistent;
+    OP_REQUIRES_OK(c, c->GetAttr("consistent", &consistent));
+    mode_ = consistent ? smb::ReadMode::kConsistent : smb::ReadMode::kHogwild;
+  }
+  void Compute(OpKernelContext* c) override {
+    smb::DType dtype;
+    OP_REQUIRES(c, ToSmbDType(dtype_, &dtype),
+                absl::InvalidArgumentError("unsupported dtype"));
+    const auto dims = shape_.dim_sizes();
+    const std::vector<int64_t> shape(dims.begin(), dims.end());
+    std::shared_ptr<smb::Communicator> comm;
+    smb::SegmentTable* segments = nullptr;
+    OP_REQUIRES_OK(c, SmbContext::Get().Segments(&comm, &segments));
+    core::RefCountPtr<Var> var;
+    OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 0), &var));
+    mutex_lock lock(*var->mu());
+    Tensor* w = var->tensor();
+    OP_REQUIRES(c, var->is_initialized && w->dtype() == dtype_ && w->shape() == shape_,
+                absl::InvalidArgumentError(
+                    "SmbSegmentReadInto: the variable must match segment '" + name_ +
+                    "': expected " + DataTypeString(dtype_) + shape_.DebugString() + ", got " +
+                    (var->is_initialized ? DataTypeString(w->dtype()) + w->shape().DebugString()
+                                         : std::string("an uninitialized variable"))));
+    Tensor target;
+    if (w->RefCountIsOne() && !var->copy_on_read_mode.load()) {
+      target = *w;  // the variable alone holds its buffer: overwrite it
+    } else {
+      // A value read before still holds this buffer: it must not change.
+      OP_REQUIRES_OK(c, c->allocate_temp(dtype_, shape_, &target));
+    }
+    smb::timeline::Scope scope(smb::timeline::kThisProcess, smb::timeline::kSegments,
+                               "segment read", "segment");
+    if (scope.active()) scope.set_name("segment read " + name_);
+    OP_REQUIRES_OK(c, ToTfStatus(segments->Read(name_, dtype, shape, mode_,
+                                                const_cast<char*>(target.tensor_data().data()),
+                                                comm->timeout_s())));
+    *w = target;
+  }
+
+ private:
+  std::string name_;
+  TensorShape shape_;
+  DataType dtype_;
+  smb::ReadMode mode_;
+};
+
 // Applies one push to a segment: `update` (input 0) with the updater of the
 // op's rule; ApplySgd also takes the learning rate (input 1).
 absl::Status PushUpdate(OpKernelContext* c, const std::string& name,
@@ -847,6 +899,7 @@ REGISTER_KERNEL_BUILDER(Name("SmbTimelineFlush").Device(DEVICE_CPU), SmbTimeline
 
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentCreate").Device(DEVICE_CPU), SmbSegmentCreateOp);
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentRead").Device(DEVICE_CPU), SmbSegmentReadOp);
+REGISTER_KERNEL_BUILDER(Name("SmbSegmentReadInto").Device(DEVICE_CPU), SmbSegmentReadIntoOp);
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentPush").Device(DEVICE_CPU), SmbSegmentPushOp);
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentApplySgd").Device(DEVICE_CPU), SmbSegmentApplySgdOp);
 REGISTER_KERNEL_BUILDER(Name("SmbClockTick").Device(DEVICE_CPU), SmbClockTickOp);

@@ -162,6 +162,21 @@ Reads segment `segment`. `consistent` (seqlock) never returns a half-written
 tensor; false reads without waiting for writers (hogwild).
 )doc");
 
+REGISTER_OP("SmbSegmentReadInto")
+    .Input("variable: resource")
+    .Attr("T: {float, double, half, bfloat16, int32, int64}")
+    .Attr("shape: shape")
+    .Attr("segment: string")
+    .Attr("consistent: bool = true")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+Reads segment `segment` straight into `variable`'s buffer (no new tensor to
+allocate and assign), or into a new buffer when a value read before still
+holds the old one (copy-on-write, as TensorFlow's own updates). The variable
+must have the segment's dtype and shape. `consistent` as in SmbSegmentRead.
+)doc");
+
 REGISTER_OP("SmbSegmentHome")
     .Output("node: int32")
     .Attr("segment: string")

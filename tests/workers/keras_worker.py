@@ -345,7 +345,23 @@ def scenario_async_bad_push(strategy, a):
         errors.append(e.message)
     tf_smb.barrier()
     value = smb_ops.segment_read("bad-push-test", tf.float32, [2, 2]).numpy().tolist()
-    return {"errors": errors, "value": value}
+    # Reading straight into a variable: a value read before keeps its contents;
+    # a variable of another shape or dtype is refused and keeps its own.
+    into = tf.Variable(tf.zeros([2, 2]))
+    held = into.read_value()
+    smb_ops.segment_read_into(into, "bad-push-test", [2, 2])
+    read_into = {"value": into.numpy().tolist(), "held": held.numpy().tolist()}
+    smb_ops.segment_read_into(into, "bad-push-test", [2, 2])  # nothing holds it now
+    read_into["again"] = into.numpy().tolist()
+    read_into["errors"] = []
+    for bad in (tf.Variable(tf.zeros([4])), tf.Variable(tf.zeros([2, 2], tf.float64))):
+        try:
+            smb_ops.segment_read_into(bad, "bad-push-test", bad.shape.as_list())
+            read_into["errors"].append(None)
+        except tf.errors.InvalidArgumentError as e:
+            read_into["errors"].append(e.message)
+        read_into.setdefault("bad_values", []).append(bad.numpy().tolist())
+    return {"errors": errors, "value": value, "read_into": read_into}
 
 
 def scenario_save(strategy, a):
