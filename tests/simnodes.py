@@ -252,15 +252,25 @@ class SimulatedNodes:
         contains `match` (a node dying, or stalling with SIGSTOP, while mpirun
         in node 0 lives on); their pids."""
         holder_link = os.readlink(f"/proc/{self.holder_pids[node]}/ns/net")
-        killed = []
+        found = []
         for pid, cmd in self.processes():
             try:
-                if os.readlink(f"/proc/{pid}/ns/net") != holder_link or match not in cmd:
-                    continue
-                os.kill(pid, sig)
-                killed.append(pid)
-            except (OSError, ProcessLookupError):
+                if os.readlink(f"/proc/{pid}/ns/net") == holder_link and match in cmd:
+                    found.append(pid)
+            except OSError:
                 pass
+        # A node dies at once: stopped first, none of them sees another die
+        # (and reports it to the other nodes) before the kill reaches it too.
+        signals = [signal.SIGSTOP, sig] if sig == signal.SIGKILL else [sig]
+        killed = []
+        for each in signals:
+            killed = []
+            for pid in found:
+                try:
+                    os.kill(pid, each)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    pass
         return killed
 
     # --- running commands ---------------------------------------------------

@@ -120,8 +120,8 @@ Status Group::Sync(const std::string& what) {
       next_liveness = now + kLivenessPeriodS;
       for (int r = 0; r < world_; ++r) {
         if (g->ranks[r].arrive_seq.load() < target && peers_->Gone(r)) {
-          return Fail(Status(Code::kAborted, peers_->Name(r) + " exited or died; rank " +
-                                                 std::to_string(rank_) +
+          return Fail(Status(Code::kAborted, PeerName(r) + " exited or died; rank " +
+                                                 std::to_string(job_rank()) +
                                                  " was waiting for it in " + what));
         }
       }
@@ -198,6 +198,12 @@ Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local) {
     }
   }
   return Status::Ok();
+}
+
+std::string Group::PeerName(int local) const {
+  const std::string identity = peers_ ? peers_->Identity(local) : "this process";
+  const std::string node = link_ ? "node " + std::to_string(link_->node()) + ", " : "";
+  return "rank " + std::to_string(JobRankOf(local)) + " (" + node + identity + ")";
 }
 
 bool Group::RankGone(int rank) const { return peers_ && peers_->Gone(rank); }

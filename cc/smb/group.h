@@ -47,6 +47,9 @@ class Group {
   bool alone() const { return world_ == 1 && !link_; }
   // The job rank of this node's rank `local`.
   int JobRankOf(int local) const { return link_ ? link_->JobRank(link_->node(), local) : local; }
+  // How errors name this node's rank `local`: "rank 1 (pid 123)"; across
+  // nodes by its job rank, "rank 3 (node 1, pid 123)".
+  std::string PeerName(int local) const;
   NodeLink* link() const { return link_.get(); }
   Peers* peers() const { return peers_.get(); }
   const std::shared_ptr<Peers>& shared_peers() const { return peers_; }

@@ -88,8 +88,8 @@ class Peers {
   // True once rank r is gone for good (its process died or exited, its
   // thread left the group).
   virtual bool Gone(int rank) const = 0;
-  // How errors name rank r, e.g. "rank 1 (pid 123)".
-  virtual std::string Name(int rank) const = 0;
+  // What runs rank r, as errors name it: "pid 123" or "thread".
+  virtual std::string Identity(int rank) const = 0;
   // The node's box (segment table for the asynchronous mode), if any.
   virtual Box* box() const { return nullptr; }
 };

@@ -91,8 +91,8 @@ Status CheckStalled(Group& group, const Item& oldest, double now) {
   const int gone = group.GoneRank();
   if (gone >= 0) {
     return Status(Code::kAborted,
-                  group.peers()->Name(gone) + " exited or died; rank " +
-                      std::to_string(group.rank()) + " was waiting for it to start " +
+                  group.PeerName(gone) + " exited or died; rank " +
+                      std::to_string(group.job_rank()) + " was waiting for it to start " +
                       oldest.what + " ('" + oldest.key + "')");
   }
   if (now - oldest.since < group.timeout_s()) return Status::Ok();

@@ -42,9 +42,8 @@ bool ShmPeers::Gone(int rank) const {
   return pid != 0 && !IsProcessAlive(pid);
 }
 
-std::string ShmPeers::Name(int rank) const {
-  return "rank " + std::to_string(rank) + " (pid " +
-         std::to_string(box_->header()->pids[rank].load()) + ")";
+std::string ShmPeers::Identity(int rank) const {
+  return "pid " + std::to_string(box_->header()->pids[rank].load());
 }
 
 }  // namespace smb

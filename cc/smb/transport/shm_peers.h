@@ -26,7 +26,7 @@ class ShmPeers : public Peers {
   char* base() const override;
   Status AllocateShared(uint64_t bytes, const std::string& what, uint64_t* offset) override;
   bool Gone(int rank) const override;
-  std::string Name(int rank) const override;
+  std::string Identity(int rank) const override;
   Box* box() const override { return box_.get(); }
 
   // Only Join() makes the token: use it.

@@ -35,7 +35,7 @@ class ThreadPeers : public Peers {
     return Status::Ok();
   }
   bool Gone(int rank) const override { return group_->gone_[rank].load(); }
-  std::string Name(int rank) const override { return "rank " + std::to_string(rank) + " (thread)"; }
+  std::string Identity(int) const override { return "thread"; }
 
  private:
   ThreadGroup* group_;
