@@ -156,9 +156,11 @@ def run_tta(mode: str, epochs: Optional[int], curve_path: pathlib.Path,
     wall = time.perf_counter() - start
     # tf_smb.run tags rank 0's lines "[0]: "; under mpirun rank 0 is the one that
     # writes the curve, and every rank prints the same final accuracy.
-    m = re.search(r"^(?:\[0\]: )?test accuracy: ([0-9.]+)\s*$", outputs[0], re.MULTILINE)
-    taking = re.search(r"^(?:\[0\]: )?accuracy curve: \d+ points, ([0-9.]+) s", outputs[0],
-                       re.MULTILINE)
+    def rank0_line(pattern: str) -> Optional[re.Match]:
+        return re.search(r"^(?:\[0\]: )?" + pattern, outputs[0], re.MULTILINE)
+
+    m = rank0_line(r"test accuracy: ([0-9.]+)\s*$")
+    taking = rank0_line(r"accuracy curve: \d+ points, ([0-9.]+) s")
     if not ok or m is None or taking is None or not curve_path.exists():
         report_failure(failures, f"keras_digits {mode}",
                        reason or "no test accuracy line or accuracy curve", error_tail(outputs))

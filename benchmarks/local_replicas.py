@@ -59,7 +59,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from benchmarks import common
 from benchmarks.processes import commands, run_processes, subprocess_env
 from benchmarks.report import Failure, error_line, error_tail, fmt, markdown, report_failure
-from benchmarks.roles.fit import build_fit_model, fit_data
+from benchmarks.roles.fit import build_fit_model, epoch_timer, fit_data
 
 CONFIGS = ("single", "smb_local", "smb_procs", "mirrored", "central_storage")
 MODELS = ("cnn", "mlp", "mlp10m", "resnet50")
@@ -150,27 +150,6 @@ def fit_worker(config: str, replicas: int, model: str, epochs: int, batch: int,
     start = time.perf_counter()
     strategy = make_strategy(config, replicas)  # first: it may configure the devices
     import tensorflow as tf
-    import keras
-
-    class EpochTimer(keras.callbacks.Callback):
-        """Each epoch's wall time and number of steps."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self._supports_tf_logs = True  # no conversion of the logs per step
-            self.times: List[float] = []
-            self.steps: List[int] = []
-            self._start = 0.0
-
-        def on_epoch_begin(self, epoch, logs=None) -> None:
-            self.steps.append(0)
-            self._start = time.perf_counter()
-
-        def on_train_batch_end(self, batch, logs=None) -> None:
-            self.steps[-1] += 1
-
-        def on_epoch_end(self, epoch, logs=None) -> None:
-            self.times.append(time.perf_counter() - self._start)
 
     x, y = fit_data(model, samples)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
@@ -180,7 +159,7 @@ def fit_worker(config: str, replicas: int, model: str, epochs: int, batch: int,
         with strategy.scope():
             net = build_fit_model(model)
     rss_before_fit = proc_status_mib("VmRSS")
-    timer = EpochTimer()
+    timer = epoch_timer()
     fit_start = time.perf_counter()
     net.fit(dataset, epochs=epochs, shuffle=False, verbose=0, callbacks=[timer])
     fit_s = time.perf_counter() - fit_start
@@ -189,7 +168,7 @@ def fit_worker(config: str, replicas: int, model: str, epochs: int, batch: int,
         "rank": int(getattr(strategy, "rank", 0) or 0),
         "num_replicas_in_sync": strategy.num_replicas_in_sync if strategy else 1,
         "batch": batch, "samples": samples, "params": int(net.count_params()),
-        "epoch_s": timer.times, "steps": timer.steps, "fit_s": fit_s,
+        "epoch_s": timer.times, "steps": [len(epoch) for epoch in timer.steps], "fit_s": fit_s,
         "process_s": time.perf_counter() - start,
         "rss_before_fit_mib": rss_before_fit, "peak_rss_mib": proc_status_mib("VmHWM"),
         "rss_after_fit_mib": proc_status_mib("VmRSS"), "pss_after_fit_mib": pss_mib()})

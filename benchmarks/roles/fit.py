@@ -73,6 +73,35 @@ def build_fit_model(model: str):
     return net
 
 
+def epoch_timer():
+    """A Keras callback that keeps each epoch's wall time (`times`) and the
+    time of each of its training steps (`steps`, one list per epoch)."""
+    import keras
+
+    class EpochTimer(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self._supports_tf_logs = True  # no conversion of the logs per step
+            self.times: List[float] = []
+            self.steps: List[List[float]] = []
+            self._start = self._step_start = 0.0
+
+        def on_epoch_begin(self, epoch, logs=None) -> None:
+            self.steps.append([])
+            self._start = time.perf_counter()
+
+        def on_train_batch_begin(self, batch, logs=None) -> None:
+            self._step_start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None) -> None:
+            self.steps[-1].append(time.perf_counter() - self._step_start)
+
+        def on_epoch_end(self, epoch, logs=None) -> None:
+            self.times.append(time.perf_counter() - self._start)
+
+    return EpochTimer()
+
+
 def run(kind: str, models: Sequence[str], epochs: int, batch: int,
         samples: Dict[str, int], autotune: Optional[bool] = None) -> None:
     """Fits each model with the strategy `kind`; every rank prints each model's epoch times.
@@ -101,29 +130,6 @@ def run(kind: str, models: Sequence[str], epochs: int, batch: int,
         rank = getattr(next(iter(strategies.values())), "rank", 0)
     import keras
 
-    class EpochTimer(keras.callbacks.Callback):
-        """Each epoch's wall time and the time of each of its training steps."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self._supports_tf_logs = True  # no conversion of the logs per step
-            self.times: List[float] = []
-            self.steps: List[List[float]] = []
-            self._start = self._step_start = 0.0
-
-        def on_epoch_begin(self, epoch, logs=None) -> None:
-            self.steps.append([])
-            self._start = time.perf_counter()
-
-        def on_train_batch_begin(self, batch, logs=None) -> None:
-            self._step_start = time.perf_counter()
-
-        def on_train_batch_end(self, batch, logs=None) -> None:
-            self.steps[-1].append(time.perf_counter() - self._step_start)
-
-        def on_epoch_end(self, epoch, logs=None) -> None:
-            self.times.append(time.perf_counter() - self._start)
-
     for model in models:
         x, y = fit_data(model, samples[model])
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
@@ -135,7 +141,7 @@ def run(kind: str, models: Sequence[str], epochs: int, batch: int,
         for name, strategy in strategies.items():
             with strategy.scope():
                 nets[name] = build_fit_model(model)
-            timers[name] = EpochTimer()
+            timers[name] = epoch_timer()
         if len(nets) == 1:
             (name, net), = nets.items()
             net.fit(dataset, epochs=epochs, shuffle=False, verbose=0, callbacks=[timers[name]])
