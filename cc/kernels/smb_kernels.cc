@@ -614,9 +614,11 @@ class SmbSegmentCreateOp : public OpKernel {
   bool write_;
 };
 
-class SmbSegmentReadOp : public OpKernel {
+// What SmbSegmentRead and SmbSegmentReadInto share: the segment's attributes
+// and the read itself, into a buffer of the segment's size.
+class SegmentReadKernel : public OpKernel {
  public:
-  explicit SmbSegmentReadOp(OpKernelConstruction* c) : OpKernel(c) {
+  explicit SegmentReadKernel(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
     OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
     OP_REQUIRES_OK(c, c->GetAttr("T", &dtype_));
@@ -624,51 +626,44 @@ class SmbSegmentReadOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("consistent", &consistent));
     mode_ = consistent ? smb::ReadMode::kConsistent : smb::ReadMode::kHogwild;
   }
-  void Compute(OpKernelContext* c) override {
+
+ protected:
+  absl::Status ReadSegmentInto(Tensor* dst) const {
     smb::DType dtype;
-    OP_REQUIRES(c, ToSmbDType(dtype_, &dtype),
-                absl::InvalidArgumentError("unsupported dtype"));
+    if (!ToSmbDType(dtype_, &dtype)) return absl::InvalidArgumentError("unsupported dtype");
     const auto dims = shape_.dim_sizes();
-    std::vector<int64_t> shape(dims.begin(), dims.end());
+    const std::vector<int64_t> shape(dims.begin(), dims.end());
     std::shared_ptr<smb::Communicator> comm;
     smb::SegmentTable* segments = nullptr;
-    OP_REQUIRES_OK(c, SmbContext::Get().Segments(&comm, &segments));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(c, c->allocate_output(0, shape_, &out));
+    TF_RETURN_IF_ERROR(SmbContext::Get().Segments(&comm, &segments));
     smb::timeline::Scope scope(smb::timeline::kThisProcess, smb::timeline::kSegments,
                                "segment read", "segment");
     if (scope.active()) scope.set_name("segment read " + name_);
-    OP_REQUIRES_OK(c, ToTfStatus(segments->Read(name_, dtype, shape, mode_,
-                                                const_cast<char*>(out->tensor_data().data()),
-                                                comm->timeout_s())));
+    return ToTfStatus(segments->Read(name_, dtype, shape, mode_,
+                                     const_cast<char*>(dst->tensor_data().data()),
+                                     comm->timeout_s()));
   }
 
- private:
   std::string name_;
   TensorShape shape_;
   DataType dtype_;
   smb::ReadMode mode_;
 };
 
-class SmbSegmentReadIntoOp : public OpKernel {
+class SmbSegmentReadOp : public SegmentReadKernel {
  public:
-  explicit SmbSegmentReadIntoOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
-    OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
-    OP_REQUIRES_OK(c, c->GetAttr("T", &dtype_));
-    bool consistent;
-    OP_REQUIRES_OK(c, c->GetAttr("consistent", &consistent));
-    mode_ = consistent ? smb::ReadMode::kConsistent : smb::ReadMode::kHogwild;
-  }
+  using SegmentReadKernel::SegmentReadKernel;
   void Compute(OpKernelContext* c) override {
-    smb::DType dtype;
-    OP_REQUIRES(c, ToSmbDType(dtype_, &dtype),
-                absl::InvalidArgumentError("unsupported dtype"));
-    const auto dims = shape_.dim_sizes();
-    const std::vector<int64_t> shape(dims.begin(), dims.end());
-    std::shared_ptr<smb::Communicator> comm;
-    smb::SegmentTable* segments = nullptr;
-    OP_REQUIRES_OK(c, SmbContext::Get().Segments(&comm, &segments));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, shape_, &out));
+    OP_REQUIRES_OK(c, ReadSegmentInto(out));
+  }
+};
+
+class SmbSegmentReadIntoOp : public SegmentReadKernel {
+ public:
+  using SegmentReadKernel::SegmentReadKernel;
+  void Compute(OpKernelContext* c) override {
     core::RefCountPtr<Var> var;
     OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 0), &var));
     mutex_lock lock(*var->mu());
@@ -686,20 +681,9 @@ class SmbSegmentReadIntoOp : public OpKernel {
       // A value read before still holds this buffer: it must not change.
       OP_REQUIRES_OK(c, c->allocate_temp(dtype_, shape_, &target));
     }
-    smb::timeline::Scope scope(smb::timeline::kThisProcess, smb::timeline::kSegments,
-                               "segment read", "segment");
-    if (scope.active()) scope.set_name("segment read " + name_);
-    OP_REQUIRES_OK(c, ToTfStatus(segments->Read(name_, dtype, shape, mode_,
-                                                const_cast<char*>(target.tensor_data().data()),
-                                                comm->timeout_s())));
+    OP_REQUIRES_OK(c, ReadSegmentInto(&target));
     *w = target;
   }
-
- private:
-  std::string name_;
-  TensorShape shape_;
-  DataType dtype_;
-  smb::ReadMode mode_;
 };
 
 // Applies one push to a segment: `update` (input 0) with the updater of the
