@@ -17,6 +17,7 @@ another's variable.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import sys
@@ -177,6 +178,17 @@ def disagreement_message(index: int, descriptions: Sequence[str]) -> Optional[st
         "name the layers, or build the same models on every worker.")
 
 
+def _ordered_after(ops: Sequence[Any]) -> Any:
+    """A context whose ops run after `ops`: explicit control dependencies
+    outside a tf.function. Inside one, TensorFlow's automatic control
+    dependencies already run the ops on each variable in program order, and
+    explicit ones on every op of a step made the first step's graph slower to
+    build and optimize (measured: ~30 ms of keras_digits' first step)."""
+    if tf.inside_function():
+        return contextlib.nullcontext()
+    return tf.control_dependencies(ops)
+
+
 class AsyncEngine:
     """Trainable variables held in the box: placing, reading, pushing, clock.
 
@@ -259,14 +271,7 @@ class AsyncEngine:
         """Waits within the staleness bound (training only), reads the box's
         current parameters into the local variables, then runs `fn`."""
         starts = self.start_step(args, kwargs)
-        if tf.inside_function():
-            # tf.function runs ops on one variable in program order (automatic
-            # control dependencies), so the step's reads of the variables
-            # follow the assignments of the box's values. Control inputs to
-            # every op of the step made the first step's graph slower to build
-            # and optimize (measured: ~30 ms of keras_digits' first step).
-            return fn(*args, **kwargs)
-        with tf.control_dependencies(starts):
+        with _ordered_after(starts):
             return fn(*args, **kwargs)
 
     def start_step(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
@@ -299,17 +304,10 @@ class AsyncEngine:
                 grad = tf.convert_to_tensor(grad)
             smb_ops.segment_apply_sgd(grad, learning_rate, param.name, self._config.momentum)
             return tf.no_op() if group else (tf.no_op(),)
-        if tf.inside_function():
-            # Program order is the variable's order (see run_step): `before`
-            # is read before the update, the push's read after it.
-            before = var.read_value()
+        before = var.read_value()
+        with _ordered_after([before]):
             result = apply_locally()
-            smb_ops.segment_push(var.read_value() - before, param.name)
-            return result
-        before = tf.identity(var.read_value())
-        with tf.control_dependencies([before]):
-            result = apply_locally()
-        with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
+        with _ordered_after([r for r in tf.nest.flatten(result) if r is not None]):
             smb_ops.segment_push(var.read_value() - before, param.name)
         return result
 
