@@ -152,6 +152,7 @@ def test_concurrent_pushes_are_never_lost():
         assert res["values"] == {"float32": [6000.0], "float64": [6000.0],
                                  "int32": [6000], "int64": [6000]}, res
         assert res["axpy"] == [3000.0]
+        assert res["big"] == [900.0]  # 3 ranks x 200 pushes x (1 + 0.5), over 4 stripes
         assert "float32[257]" in res["errors"][0] and "float32[256]" in res["errors"][0]
         assert "float64[257]" in res["errors"][1]
 
@@ -161,7 +162,7 @@ def test_consistent_reads_are_never_torn():
     assert results[0]["writes"] > 100
     for res in results[1:]:
         assert res["torn"] == 0
-        assert res["seen_1"] + res["seen_2"] == 10_000
+        assert res["seen_1"] + res["seen_2"] == 10_000 * 3  # stripes of every read
         assert res["seen_1"] > 0 and res["seen_2"] > 0  # both patterns were read
 
 

@@ -251,7 +251,8 @@ def segment_create(value: tf.Tensor, name: str, write: bool) -> None:
 
 def segment_read(name: str, dtype: tf.DType, shape: Sequence[int],
                consistent: bool = True) -> tf.Tensor:
-    """The segment's current value; `consistent` never returns a half-written one."""
+    """The segment's current value; `consistent` never returns a half-written
+    stripe (cc/smb/segment/segment_io.h)."""
     return _library().smb_segment_read(T=dtype, shape=list(shape), segment=name,
                                      consistent=consistent)
 

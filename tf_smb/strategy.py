@@ -80,8 +80,10 @@ class SMBStrategy(DataParallelStrategy):
         applied by the worker and accumulated into the box as with "delta".
       momentum: with update="sgd".
       consistency: async only. "consistent" reads never return a half-written
-        variable (seqlock); "hogwild" reads skip that check: faster under heavy
-        pushing, but a read may mix two updates.
+        stripe (256 KiB, seqlock per stripe: a larger variable may combine
+        stripes from before and after a concurrent push); "hogwild" reads skip
+        that check: faster under heavy pushing, but a read may mix two updates
+        anywhere.
       timeout_s: how long any wait for other workers lasts before failing
         with an error naming them (default $TF_SMB_TIMEOUT or 600).
       staging_bytes: staging memory per worker when this process creates the

@@ -158,8 +158,8 @@ REGISTER_OP("SmbSegmentRead")
     .SetIsStateful()
     .SetShapeFn(shape_inference::ExplicitShape)
     .Doc(R"doc(
-Reads segment `segment`. `consistent` (seqlock) never returns a half-written
-tensor; false reads without waiting for writers (hogwild).
+Reads segment `segment`. `consistent` (a seqlock per 256 KiB stripe) never
+returns a half-written stripe; false reads without waiting for writers (hogwild).
 )doc");
 
 REGISTER_OP("SmbSegmentReadInto")

@@ -146,6 +146,7 @@ PYBIND11_MODULE(_box, m) {
   m.attr("DEFAULT_TIMEOUT_S") = smb::kDefaultTimeoutS;
   m.attr("DEFAULT_STAGING_BYTES") = smb::kDefaultStagingBytes;
   m.attr("DEFAULT_HEAP_BYTES") = smb::kDefaultHeapBytes;
+  m.attr("STRIPE_BYTES") = smb::kStripeBytes;
 
   m.def("shm_name", &smb::Box::ShmName, py::arg("job_id"),
         "Name of the job's shared-memory region.");

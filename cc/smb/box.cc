@@ -19,7 +19,7 @@ namespace smb {
 namespace {
 
 constexpr uint64_t kMagic = 0x534d42424f583031ull;  // "SMBBOX01"
-constexpr uint32_t kLayoutVersion = 5;
+constexpr uint32_t kLayoutVersion = 6;
 constexpr size_t kPage = 4096;
 constexpr char kShmDir[] = "/dev/shm/";
 // A box still being set up is never reclaimed before this age.
@@ -308,8 +308,13 @@ Status Box::CreateSegment(const std::string& name, DType dtype,
                   "box segment table full: " + std::to_string(kMaxSegments) +
                       " segments, cannot add '" + name + "'");
   }
-  uint64_t offset = 0;
+  uint64_t offset = 0, stripes_offset = 0;
+  const uint64_t stripes = NumStripes(bytes);
   Status allocated = AllocateHeapLocked(bytes, "segment '" + name + "'", &offset);
+  if (allocated.ok()) {
+    allocated = AllocateHeapLocked(stripes * sizeof(StripeLock),
+                                   "the locks of segment '" + name + "'", &stripes_offset);
+  }
   if (!allocated.ok()) {
     UnlockTable();
     return allocated;
@@ -322,13 +327,17 @@ Status Box::CreateSegment(const std::string& name, DType dtype,
   for (size_t i = 0; i < shape.size(); ++i) e.dims[i] = shape[i];
   e.offset = offset;
   e.bytes = bytes;
+  e.stripes_offset = stripes_offset;
   // The key binds the slot to this box, so a key from another job fails.
   e.key = (static_cast<uint64_t>(h->creator_pid) << 32) | (index + 1);
-  e.version.store(0);
-  Status locked = InitSharedMutex(&e.write_lock);
-  if (!locked.ok()) {
-    UnlockTable();  // the heap bytes stay taken; the slot stays unpublished
-    return locked;
+  auto* locks = reinterpret_cast<StripeLock*>(base() + stripes_offset);
+  for (uint64_t k = 0; k < stripes; ++k) {
+    locks[k].version.store(0);
+    Status locked = InitSharedMutex(&locks[k].write_lock);
+    if (!locked.ok()) {
+      UnlockTable();  // the heap bytes stay taken; the slot stays unpublished
+      return locked;
+    }
   }
   if (initial != nullptr && bytes != 0) std::memcpy(base() + offset, initial, bytes);
   h->segment_count = index + 1;  // publish last
@@ -401,6 +410,7 @@ Status Box::AttachSegment(uint64_t key, DType dtype,
   out->data = base() + e.offset;
   out->bytes = e.bytes;
   out->entry = &e;
+  out->stripes = reinterpret_cast<StripeLock*>(base() + e.stripes_offset);
   return Status::Ok();
 }
 

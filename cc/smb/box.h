@@ -35,18 +35,31 @@ constexpr int kMaxSegments = 4096;
 constexpr int kMaxDims = 8;            // dimensions of a segment's shape
 constexpr size_t kSegmentNameBytes = 128;
 
+// A segment is locked in stripes of this many bytes (the last one may be
+// shorter), so that pushes to one large segment from several ranks run at
+// once, each rank on another stripe, rather than one after another.
+constexpr size_t kStripeBytes = size_t{256} << 10;
+
+inline uint64_t NumStripes(uint64_t segment_bytes) {
+  return segment_bytes == 0 ? 1 : (segment_bytes + kStripeBytes - 1) / kStripeBytes;
+}
+
+struct alignas(64) StripeLock {
+  // Seqlock word: odd while an update of the stripe is being written.
+  // Readers retry until they copied the stripe between two equal even values.
+  std::atomic<uint64_t> version;
+  pthread_mutex_t write_lock;  // robust, process-shared: one writer at a time
+};
+
 struct SegmentEntry {
   char name[kSegmentNameBytes];
   int32_t dtype;
   int32_t num_dims;
   int64_t dims[kMaxDims];
-  uint64_t offset;  // from the start of the region
+  uint64_t offset;          // from the start of the region
   uint64_t bytes;
-  uint64_t key;     // creation key handed to attachers
-  // Seqlock word: odd while an update is being written. Readers retry until
-  // they copied the data between two equal even values.
-  std::atomic<uint64_t> version;
-  pthread_mutex_t write_lock;  // robust, process-shared: one writer at a time
+  uint64_t key;             // creation key handed to attachers
+  uint64_t stripes_offset;  // StripeLock[NumStripes(bytes)], from the start of the region
 };
 
 struct BoxHeader {
@@ -79,6 +92,7 @@ struct Segment {
   void* data = nullptr;
   size_t bytes = 0;
   SegmentEntry* entry = nullptr;
+  StripeLock* stripes = nullptr;  // NumStripes(bytes) of them
 };
 
 class Box {

@@ -125,11 +125,17 @@ def main():
         keys = {d: comm.create_segment(f"acc-{d}", d, [257]) for d in
                 ("float32", "float64", "int32", "int64")}
         axpy_key = comm.create_segment("axpy", "float32", [1000])
+        # Locked in stripes: the ranks push to different stripes at once.
+        big = 3 * _box.STRIPE_BYTES // 4 + 1000
+        big_key = comm.create_segment("big", "float32", [big])
         comm.barrier()
-        for _ in range(2000):
+        for i in range(2000):
             for d, key in keys.items():
                 comm.accumulate(key, np.ones(257, np_dtype(d)))
             comm.axpy(axpy_key, 0.5, np.ones(1000, np.float32))
+            if i % 10 == 0:
+                comm.accumulate(big_key, np.ones(big, np.float32))
+                comm.axpy(big_key, 0.5, np.ones(big, np.float32))
         # Wrong shape and dtype: refused, nothing written.
         errors = []
         for bad in (np.ones(256, np.float32), np.ones(257, np.float64)):
@@ -142,11 +148,14 @@ def main():
         result["values"] = {d: np.unique(comm.read(k, np.zeros(257, np_dtype(d)))).tolist()
                             for d, k in keys.items()}
         result["axpy"] = np.unique(comm.read(axpy_key, np.zeros(1000, np.float32))).tolist()
+        result["big"] = np.unique(comm.read(big_key, np.zeros(big, np.float32))).tolist()
         result["errors"] = errors
     elif a.scenario == "torn":
-        # Rank 0 writes whole-tensor patterns 1,1,1... / 2,2,2... alternately;
-        # the others check that every consistent read is one pattern.
-        n = 1 << 16
+        # Rank 0 writes whole-tensor patterns 1,1,1... / 2,2,2... alternately
+        # into a segment of 2.5 stripes; the others check that every stripe of
+        # every consistent read is one pattern (stripes may differ).
+        stripe = _box.STRIPE_BYTES // 4
+        n = 2 * stripe + stripe // 2
         key = comm.create_segment("pattern", "float32", [n])
         stop = comm.create_segment("stop", "int32", [1])
         if rank == 0:
@@ -164,10 +173,11 @@ def main():
             torn = seen_1 = seen_2 = 0
             for _ in range(10_000):
                 comm.read(key, buf, os.environ.get("HOGWILD") != "1")
-                lo, hi = buf.min(), buf.max()
-                torn += int(lo != hi)
-                seen_1 += int(lo == hi == 1.0)
-                seen_2 += int(lo == hi == 2.0)
+                for part in (buf[i:i + stripe] for i in range(0, n, stripe)):
+                    lo, hi = part.min(), part.max()
+                    torn += int(lo != hi)
+                    seen_1 += int(lo == hi == 1.0)
+                    seen_2 += int(lo == hi == 2.0)
             result.update(torn=torn, seen_1=seen_1, seen_2=seen_2)
             comm.accumulate(stop, np.ones(1, np.int32))
         comm.barrier()

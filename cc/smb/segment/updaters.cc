@@ -5,7 +5,6 @@
 namespace smb {
 namespace {
 
-size_t Elements(const Segment& s) { return s.bytes / DTypeSize(s.dtype); }
 
 bool IsFloating(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||
@@ -40,10 +39,16 @@ class RuleUpdater : public Updater {
 
   Status Apply(const Segment& param, const void* update, double learning_rate) override {
     Status result;
-    // The parameter's lock also covers its velocity.
-    Status written = WriteSegment(param, [&] {
-      result = ApplyRule(options_, param.dtype, param.data, velocity_.data, update,
-                         learning_rate, Elements(param));
+    const size_t elem = DTypeSize(param.dtype);
+    // Each stripe of the parameter locks that stripe of its velocity too.
+    Status written = WriteSegment(param, [&](size_t offset, size_t bytes) {
+      if (!result.ok()) return;
+      result = ApplyRule(options_, param.dtype, static_cast<char*>(param.data) + offset,
+                         velocity_.data == nullptr
+                             ? nullptr
+                             : static_cast<char*>(velocity_.data) + offset,
+                         static_cast<const char*>(update) + offset, learning_rate,
+                         bytes / elem);
     });
     return written.ok() ? result : written;
   }
