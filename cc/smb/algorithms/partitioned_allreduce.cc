@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cc/smb/algorithms/pieces.h"
+#include "cc/smb/copy.h"
 #include "cc/smb/timeline.h"
 
 namespace smb {
@@ -18,9 +19,10 @@ constexpr size_t kLinkSliceBytes = size_t{128} << 10;
 
 // dst (and copy, if not null) = srcs[0] + srcs[1] + ... in rank order, n
 // elements. Sums a small block at a time in a local buffer, so dst may be
-// any of the sources and the block stays in L1.
+// any of the sources and the block stays in L1. `stream`: dst is written
+// with CopyStreaming (copy.h; the caller fences).
 void SumRanks(DType dtype, const std::vector<const char*>& srcs, char* dst, char* copy,
-              size_t n) {
+              size_t n, bool stream = false) {
   alignas(64) char block[16384];
   const size_t elem = DTypeSize(dtype);
   const size_t per = sizeof block / elem;
@@ -34,7 +36,11 @@ void SumRanks(DType dtype, const std::vector<const char*>& srcs, char* dst, char
     const size_t at = i * elem;
     SumInto(dtype, block, srcs[0] + at, srcs[1] + at, m);
     for (size_t q = 2; q < srcs.size(); ++q) SumInto(dtype, block, block, srcs[q] + at, m);
-    std::memcpy(dst + at, block, m * elem);
+    if (stream) {
+      CopyStreaming(dst + at, block, m * elem);
+    } else {
+      std::memcpy(dst + at, block, m * elem);
+    }
     if (copy != nullptr) std::memcpy(copy + at, block, m * elem);
   }
 }
@@ -117,6 +123,8 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
         ScatterBytes(mine + my_lo, offset + my_lo, my_hi - my_lo, pieces);
       } else {
         timeline::Scope phase(rank, timeline::kCollectives, "reduce");
+        // A large result buffer is read from memory anyway, not from a cache.
+        const bool stream = shared_out && total >= kStreamingCopyBytes;
         ForRange(pieces, offset + my_lo, my_hi - my_lo,
                  [&](const Piece& p, size_t at, size_t pos, size_t bytes) {
                    for (int q = 0; q < world; ++q) {
@@ -125,7 +133,7 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
                    }
                    // Copied out, the others take this slice from my staging.
                    SumRanks(dtype, sources, p.out + at,
-                            shared_out ? nullptr : mine + my_lo + pos, bytes / elem);
+                            shared_out ? nullptr : mine + my_lo + pos, bytes / elem, stream);
                  });
       }
       if (shared_out) continue;
@@ -236,6 +244,7 @@ Status AllReduceSumShared(Group& group, std::vector<TensorRef> tensors, OpContex
     sums->push_back(tensors[i].out);
   }
   SMB_RETURN_IF_ERROR(ReduceChunks(group, tensors, /*shared_out=*/true));
+  StreamingFence();
   // Every rank's slices are in the buffer before anyone reads them.
   return group.Sync("allreduce (result)");
 }

@@ -6,10 +6,16 @@
 #include <cstring>
 #include <thread>
 
+#include "cc/smb/copy.h"
+
 namespace smb {
 namespace {
 
 constexpr int kOptimisticReads = 64;  // then read under the writers' lock
+
+void CopyPlain(char* dst, const char* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
+using CopyFn = void (*)(char*, const char*, size_t);
 
 // Takes a stripe's write lock. If its holder died mid-update, the partial
 // update stays (as a lost or partial push would in any asynchronous scheme)
@@ -54,20 +60,20 @@ class WriteGuard {
 Status Locked() { return Internal("cannot lock a segment stripe for writing"); }
 
 // dst = src, `bytes` of one stripe, as one whole version of it.
-Status ReadStripe(StripeLock* s, const char* src, char* dst, size_t bytes) {
+Status ReadStripe(StripeLock* s, const char* src, char* dst, size_t bytes, CopyFn copy) {
   for (int attempt = 0; attempt < kOptimisticReads; ++attempt) {
     const uint64_t before = s->version.load(std::memory_order_acquire);
     if (before & 1) {
       std::this_thread::yield();
       continue;
     }
-    std::memcpy(dst, src, bytes);
+    copy(dst, src, bytes);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s->version.load(std::memory_order_relaxed) == before) return Status::Ok();
   }
   // Writers keep overlapping this read: take their lock so it finishes.
   if (!LockWriters(s)) return Locked();
-  std::memcpy(dst, src, bytes);
+  copy(dst, src, bytes);
   pthread_mutex_unlock(&s->write_lock);
   return Status::Ok();
 }
@@ -81,12 +87,15 @@ Status ReadSegment(const Segment& segment, void* dst, ReadMode mode) {
   }
   const char* src = static_cast<const char*>(segment.data);
   char* out = static_cast<char*>(dst);
-  for (uint64_t k = 0, n = NumStripes(segment.bytes); k < n; ++k) {
+  const CopyFn copy = segment.bytes >= kStreamingCopyBytes ? CopyStreaming : CopyPlain;
+  Status read;
+  for (uint64_t k = 0, n = NumStripes(segment.bytes); k < n && read.ok(); ++k) {
     const size_t at = k * kStripeBytes;
-    SMB_RETURN_IF_ERROR(ReadStripe(&segment.stripes[k], src + at, out + at,
-                                   std::min(kStripeBytes, segment.bytes - at)));
+    read = ReadStripe(&segment.stripes[k], src + at, out + at,
+                      std::min(kStripeBytes, segment.bytes - at), copy);
   }
-  return Status::Ok();
+  StreamingFence();
+  return read;
 }
 
 Status AssignSegment(const Segment& segment, const void* src) {
