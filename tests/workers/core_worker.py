@@ -125,15 +125,16 @@ def main():
         keys = {d: comm.create_segment(f"acc-{d}", d, [257]) for d in
                 ("float32", "float64", "int32", "int64")}
         axpy_key = comm.create_segment("axpy", "float32", [1000])
-        # Locked in stripes: the ranks push to different stripes at once.
-        big = 3 * _box.STRIPE_BYTES // 4 + 1000
+        # Locked in stripes: the ranks push to different stripes at once; over
+        # 8 MiB, so reads of it bypass the caches (cc/smb/copy.h).
+        big = 33 * _box.STRIPE_BYTES // 4 + 1000
         big_key = comm.create_segment("big", "float32", [big])
         comm.barrier()
         for i in range(2000):
             for d, key in keys.items():
                 comm.accumulate(key, np.ones(257, np_dtype(d)))
             comm.axpy(axpy_key, 0.5, np.ones(1000, np.float32))
-            if i % 10 == 0:
+            if i % 50 == 0:
                 comm.accumulate(big_key, np.ones(big, np.float32))
                 comm.axpy(big_key, 0.5, np.ones(big, np.float32))
         # Wrong shape and dtype: refused, nothing written.

@@ -296,6 +296,15 @@ def scenario_shared_sums(strategy, a):
         bad += [f"held {step}: {w}" for w in wrong(got, want(step))]
     del held
 
+    # A sum of 8 MiB or more is written with streaming stores (cc/smb/copy.h).
+    n = 2_500_001
+    large = traced([tf.cast((tf.range(n) * 5 + rank) % 13, tf.float32)])
+    in_box.append(_in_box(large[0]))
+    expected = sum(((np.arange(n) * 5 + r) % 13).astype(np.float64) for r in range(world))
+    if not np.array_equal(large[0].numpy().astype(np.float64), expected):
+        bad.append(f"float32[{n}]")
+    del large
+
     # Rank 0 doubles its sum in a graph where the sum has no other user: there
     # TensorFlow writes an element-wise op's output into its input's buffer
     # when it may (measured: Mul, Add and Neg do). The other ranks hold the
