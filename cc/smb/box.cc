@@ -409,7 +409,6 @@ Status Box::AttachSegment(uint64_t key, DType dtype,
   out->shape = have;
   out->data = base() + e.offset;
   out->bytes = e.bytes;
-  out->entry = &e;
   out->stripes = reinterpret_cast<StripeLock*>(base() + e.stripes_offset);
   return Status::Ok();
 }

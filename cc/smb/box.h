@@ -91,7 +91,6 @@ struct Segment {
   std::vector<int64_t> shape;
   void* data = nullptr;
   size_t bytes = 0;
-  SegmentEntry* entry = nullptr;
   StripeLock* stripes = nullptr;  // NumStripes(bytes) of them
 };
 
