@@ -5,7 +5,6 @@
 namespace smb {
 namespace {
 
-
 bool IsFloating(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||
          dtype == DType::kBFloat16;
