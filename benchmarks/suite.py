@@ -6,8 +6,8 @@ One command measures every strategy side by side, on this machine, in one run:
    784-512-512-10), `resnet50`, `vgg16` and `inception_v3` (`keras.applications`,
    weights=None, shapes only), on each of `--workers` local workers:
      * SMB sync: one fused `tf_smb.allreduce` of all the gradients (under tf_smb.run);
-     * SMB async: `segment_read_into` of every parameter, then `segment_push` of a delta for each,
-       what SMBStrategy(mode="async") does per step (benchmarks/roles/async_steps.py,
+     * SMB async: one `segments_push_read` of a delta for every parameter (push, then read
+       back in one pass), what SMBStrategy(mode="async") does per step (benchmarks/roles/async_steps.py,
        under tf_smb.run with a heap sized to the models);
      * Horovod-MPI: `hvd.grouped_allreduce(op=hvd.Sum)` under `mpirun`;
      * Horovod-Gloo: the same under `horovodrun --gloo`;

@@ -82,6 +82,12 @@ def test_pushing_or_reading_into_wrong_shape_or_dtype_is_refused_and_changes_not
         assert "float32[2,2], got float32[4]" in into["errors"][0], into
         assert "float32[2,2], got float64[2,2]" in into["errors"][1], into
         assert into["bad_values"] == [[0.0] * 4, [[0.0, 0.0], [0.0, 0.0]]], into
+        pushed = res["push_read"]
+        assert pushed["box"] == [[2.0, 3.0], [4.0, 5.0]], pushed  # one push of ones
+        if r.rank == 0:
+            assert "dtype and shape: expected float[2,2], got float[4]" in pushed["error"]
+            assert pushed["value"] == [[2.0, 3.0], [4.0, 5.0]], pushed  # read back
+            assert pushed["held"] == [[1.0, 2.0], [3.0, 4.0]], pushed  # copy-on-write
 
 
 def test_async_options_are_checked():

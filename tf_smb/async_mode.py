@@ -2,8 +2,8 @@
 
     engine = AsyncEngine(job, AsyncConfig(staleness=2), SMBCollectives())
     engine.place(variable)           # at creation: the box holds the master copy
-    engine.run_step(fn, args, kwargs)   # every step: wait (SSP clock), read, run
-    engine.update(var, args, apply_locally, group)   # push a change, or an SGD step
+    engine.run_step(fn, args, kwargs)   # every step: wait (SSP clock), run, push + read
+    engine.update(var, args, apply_locally, group)   # a change to push, or an SGD step
     engine.finish()                  # at the end: wait for the others, load the box
 
 DataParallelExtended (tf_smb/data_parallel.py) calls these when it has an
@@ -189,6 +189,14 @@ def _ordered_after(ops: Sequence[Any]) -> Any:
     return tf.control_dependencies(ops)
 
 
+@dataclasses.dataclass
+class _StepUpdates:
+    """A training step's updates of box-held variables, for its end."""
+
+    pushes: Dict[Any, tf.Tensor] = dataclasses.field(default_factory=dict)  # ref -> delta
+    box_steps: List[Any] = dataclasses.field(default_factory=list)  # SGD ops in the box
+
+
 class AsyncEngine:
     """Trainable variables held in the box: placing, reading, pushing, clock.
 
@@ -205,6 +213,8 @@ class AsyncEngine:
         self._config = config
         self._collectives = collectives
         self._segments: Dict[Any, BoxSegment] = {}
+        # `step`: the _StepUpdates of the step run_step runs in this thread.
+        self._local = threading.local()
         with tf.init_scope():
             # For monitoring: the largest lead over the slowest worker this
             # worker had when a step started, and the steps it started.
@@ -255,29 +265,54 @@ class AsyncEngine:
         if message is not None:
             raise ValueError(message)
 
-    def read_into(self, variable: tf.Variable, param: BoxSegment) -> Optional[tf.Operation]:
-        """Sets `variable` to the box's current value of `param`, reading
-        straight into its buffer (the op in a graph, None eagerly)."""
-        return smb_ops.segment_read_into(variable, param.name, param.shape,
-                                         consistent=self._config.consistent)
+    @property
+    def reads_at_step_end(self) -> bool:
+        """Whether a training step reads the box at its end, for the next step,
+        in the same pass as its pushes (fully asynchronous: no staleness
+        bound), rather than at its start after the clock's wait."""
+        return self._config.staleness is None
+
+    def _push_read(self, pushes: Dict[Any, tf.Tensor], read: bool) -> Optional[tf.Operation]:
+        """One op: each variable of `pushes` (ref -> delta) pushes its delta;
+        with `read`, then every box-held variable gets the box's value."""
+        refs = list(pushes) + ([r for r in self._segments if r not in pushes] if read else [])
+        return smb_ops.segments_push_read(
+            [r.deref() for r in refs], [self._segments[r].name for r in refs],
+            [pushes[r] for r in pushes], read=read, consistent=self._config.consistent)
 
     def refresh(self) -> None:
         """Sets every box-held variable to the box's current value."""
-        for ref, param in self._segments.items():
-            self.read_into(ref.deref(), param)
+        self._push_read({}, read=True)
 
     def run_step(self, fn: Callable[..., Any], args: Sequence[Any],
                  kwargs: Dict[str, Any]) -> Any:
-        """Waits within the staleness bound (training only), reads the box's
-        current parameters into the local variables, then runs `fn`."""
-        starts = self.start_step(args, kwargs)
-        with _ordered_after(starts):
-            return fn(*args, **kwargs)
+        """Runs a step of `fn`. A training step waits within the staleness bound
+        first and pushes its updates in one op at its end (`update`). The box's
+        current parameters go into the local variables at the step's start,
+        or, fully asynchronously, in that same op at the end of the previous
+        training step (`reads_at_step_end`)."""
+        training = not keras_support.in_eval_phase()
+        read_at_end = training and self.reads_at_step_end
+        starts = self.start_step(args, kwargs, read=not read_at_end)
+        updates = _StepUpdates()
+        self._local.step = updates
+        try:
+            with _ordered_after(starts):
+                result = fn(*args, **kwargs)
+        finally:
+            self._local.step = None
+        if updates.pushes or read_at_end:
+            done = [r for r in tf.nest.flatten(result) if isinstance(r, (tf.Tensor, tf.Operation))]
+            # The box's own SGD steps share no variable with the read: explicit order.
+            with _ordered_after(done), tf.control_dependencies(updates.box_steps):
+                self._push_read(updates.pushes, read=read_at_end)
+        return result
 
-    def start_step(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
+    def start_step(self, args: Sequence[Any], kwargs: Dict[str, Any],
+                   read: bool = True) -> List[Any]:
         """The ops that start a step: the wait within the staleness bound
-        (training only), then the reads of the box's current parameters into
-        the local variables. The step's own ops must depend on them."""
+        (training only), then, with `read`, the box's current parameters read
+        into the local variables. The step's own ops must depend on them."""
         deps: List[Any] = []
         if not keras_support.in_eval_phase():
             # After the input arrived: the end of an epoch is not a step.
@@ -286,29 +321,41 @@ class AsyncEngine:
                 gap = smb_ops.clock_tick(self._config.staleness)
             deps = [self.max_clock_gap.assign(tf.maximum(self.max_clock_gap, gap)),
                     self.steps.assign_add(1)]
-        with tf.control_dependencies(deps):
-            reads = [self.read_into(ref.deref(), p) for ref, p in self._segments.items()]
-        return [op for op in deps + reads if op is not None]
+        if read:
+            with tf.control_dependencies(deps):
+                deps.append(self._push_read({}, read=True))
+        return [op for op in deps if op is not None]
 
     def update(self, var: tf.Variable, args: Sequence[Any],
                apply_locally: Callable[[], Any], group: bool) -> Any:
         """Updates box-held `var`: the box applies an SGD step (update="sgd"
         and a gradient step, see `sgd_step_arguments`), or `apply_locally()`
-        runs the worker's own update and its change is pushed into the box.
-        Returns what `extended.update` returns."""
+        runs the worker's own update and its change goes into the box: at the
+        end of the step `run_step` runs (with the others' in one op), or at
+        once outside one. Returns what `extended.update` returns."""
         param = self._segments[var.ref()]
         step = sgd_step_arguments(args) if self._config.update == "sgd" else None
         if step is not None:
             grad, learning_rate = step
             if isinstance(grad, tf.IndexedSlices):
                 grad = tf.convert_to_tensor(grad)
-            smb_ops.segment_apply_sgd(grad, learning_rate, param.name, self._config.momentum)
+            applied = smb_ops.segment_apply_sgd(grad, learning_rate, param.name,
+                                                self._config.momentum)
+            step_updates = getattr(self._local, "step", None)
+            if step_updates is not None and applied is not None:
+                step_updates.box_steps.append(applied)
             return tf.no_op() if group else (tf.no_op(),)
         before = var.read_value()
         with _ordered_after([before]):
             result = apply_locally()
         with _ordered_after([r for r in tf.nest.flatten(result) if r is not None]):
-            smb_ops.segment_push(var.read_value() - before, param.name)
+            delta = var.read_value() - before
+        step_updates = getattr(self._local, "step", None)
+        if step_updates is None:
+            smb_ops.segment_push(delta, param.name)
+        else:  # a second update of var in one step (e.g. weight decay) adds up
+            pushes = step_updates.pushes
+            pushes[var.ref()] = pushes[var.ref()] + delta if var.ref() in pushes else delta
         return result
 
     def finish(self) -> None:

@@ -257,14 +257,24 @@ def segment_read(name: str, dtype: tf.DType, shape: Sequence[int],
                                      consistent=consistent)
 
 
-def segment_read_into(variable: tf.Variable, name: str, shape: Sequence[int],
-                      consistent: bool = True) -> Optional[tf.Operation]:
-    """Reads the segment straight into `variable` (of the segment's dtype and
-    shape); a value of the variable read before keeps what it held. Returns
-    the op in a graph, None when executed eagerly."""
-    return _library().smb_segment_read_into(variable.handle, T=variable.dtype,
-                                          shape=list(shape), segment=name,
-                                          consistent=consistent)
+def segments_push_read(variables: Sequence[tf.Variable], names: Sequence[str],
+                       deltas: Sequence[tf.Tensor] = (), read: bool = True,
+                       consistent: bool = True) -> Optional[tf.Operation]:
+    """A step's box traffic for many variables in one op: segment `names[i]` +=
+    `deltas[i]` for the first len(deltas) variables; then, with `read`, every
+    variable = its segment's value (a pushed one in the same pass, right after
+    its push), straight into the variable's buffer; a value of the variable
+    read before keeps what it held. Each variable and delta has its segment's
+    dtype and shape. Returns the op in a graph, None when executed eagerly."""
+    if len(names) != len(variables) or len(deltas) > len(variables):
+        raise ValueError(f"segments_push_read: want one name per variable and at most one "
+                         f"delta per variable, got {len(names)} names, {len(variables)} "
+                         f"variables and {len(deltas)} deltas")
+    if not variables:
+        return None
+    return _library().smb_segments_push_read([v.handle for v in variables], list(deltas),
+                                             segments=list(names), read=read,
+                                             consistent=consistent)
 
 
 def segment_home(name: str) -> int:
@@ -280,9 +290,10 @@ def segment_push(delta: tf.Tensor, name: str) -> None:
 
 
 def segment_apply_sgd(grad: tf.Tensor, learning_rate: tf.Tensor, name: str,
-                    momentum: float = 0.0) -> None:
-    """The box applies an SGD (or momentum) step to the segment."""
-    _library().smb_segment_apply_sgd(grad, tf.cast(learning_rate, tf.float32),
+                    momentum: float = 0.0) -> Optional[tf.Operation]:
+    """The box applies an SGD (or momentum) step to the segment. Returns the op
+    in a graph, None when executed eagerly."""
+    return _library().smb_segment_apply_sgd(grad, tf.cast(learning_rate, tf.float32),
                                    segment=name, momentum=float(momentum))
 
 

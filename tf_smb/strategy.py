@@ -56,10 +56,12 @@ class SMBStrategy(DataParallelStrategy):
     `predict` returns every row, on every worker; rank 0 writes checkpoints.
 
     mode="async": the master copy of every trainable variable lives in the box.
-    Every step a worker reads the current values, computes gradients on its
-    own shard (every size-th batch) and pushes its update without waiting for
-    the others; the box applies updates atomically per variable, so none is
-    lost. `evaluate`/`predict` run on each worker over all the data with the
+    Every step a worker computes gradients on its own shard (every size-th
+    batch) from the box's values and pushes its update without waiting for
+    the others; the box applies updates atomically per stripe, so none is
+    lost. With no staleness bound a step's pushes and the next step's read
+    are one pass at the step's end; with one, the step reads at its start,
+    after the clock's wait. `evaluate`/`predict` run on each worker over all the data with the
     box's current values. When `fit` returns, every worker has waited for the
     others (live ones) to finish and holds the box's final values. A worker
     that dies does not stop the others.
@@ -67,7 +69,8 @@ class SMBStrategy(DataParallelStrategy):
     Args:
       mode: "sync" or "async".
       staleness: async only. A worker may be at most this many steps ahead of
-        the slowest live worker (stale-synchronous parallel); None: no bound;
+        the slowest live worker (stale-synchronous parallel); None: no bound
+        (a step reads the box at the end of the previous one, with its push);
         0: lockstep, like synchronous training.
       update: async only. "delta": the worker's own Keras optimizer (Adam,
         AdamW, RMSprop, ...) turns its gradient into a change of the variable,

@@ -5,11 +5,12 @@
 
 Step kinds, each one tf.function call:
   * sync: one fused `tf_smb.allreduce(grads)`, the collective of a synchronous step;
-  * push: `ops.segment_read_into` every parameter's variable (the worker's copy, as
-    SMBStrategy(mode="async") reads the box at a step's start), then `ops.segment_push`
-    of a delta for each (segment += delta in the box);
-  * sgd: the same reads, then `ops.segment_apply_sgd` of a gradient for each (the box
-    runs momentum SGD; update="sgd").
+  * push: one `ops.segments_push_read` of a delta for every parameter (segment +=
+    delta in the box, then the worker's copy = the segment, in one pass), as
+    SMBStrategy(mode="async") ends a step, reading the box for the next one;
+  * sgd: `ops.segment_apply_sgd` of a gradient for each parameter (the box runs
+    momentum SGD; update="sgd"), then one `ops.segments_push_read` of every
+    parameter's copy.
 One barrier before and one after each timed loop, none in between: the sync steps wait
 for one another in the all-reduce, the async ones do not. The push run is checked:
 afterwards every segment holds the sum of all pushes. Every rank prints one result per
@@ -62,24 +63,17 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
     copies = ([tf.Variable(tf.zeros(s)) for s in shapes]
               if "push" in modes or "sgd" in modes else [])
 
-    def read_all() -> List[tf.Operation]:
-        return [ops.segment_read_into(v, n, s) for v, n, s in zip(copies, names, shapes)]
-
-    # The updates wait for every read, as in a step (the gradients come from the reads).
     @tf.function
     def push_step(deltas: List[tf.Tensor]) -> tf.Tensor:
-        reads = read_all()
-        with tf.control_dependencies(reads):
-            for d, n in zip(deltas, names):
-                ops.segment_push(d, n)
+        ops.segments_push_read(copies, names, deltas)
         return first(copies[-1])  # a tf.function runs all its stateful ops before returning
 
     @tf.function
     def sgd_step(gs: List[tf.Tensor]) -> tf.Tensor:
-        reads = read_all()
-        with tf.control_dependencies(reads):
-            for g, n in zip(gs, names):
-                ops.segment_apply_sgd(g, learning_rate, n, momentum=sgd_momentum)
+        steps = [ops.segment_apply_sgd(g, learning_rate, n, momentum=sgd_momentum)
+                 for g, n in zip(gs, names)]
+        with tf.control_dependencies(steps):
+            ops.segments_push_read(copies, names)
         return first(copies[-1])
 
     steps = {"sync": sync_step, "push": push_step, "sgd": sgd_step}

@@ -15,6 +15,7 @@
 
 #include "cc/smb/algorithms/replica_sum.h"
 #include "cc/smb/communicator.h"
+#include "cc/smb/copy.h"
 #include "cc/smb/param_server.h"
 #include "cc/smb/scheduler.h"
 #include "cc/smb/segment/segment_io.h"
@@ -614,76 +615,147 @@ class SmbSegmentCreateOp : public OpKernel {
   bool write_;
 };
 
-// What SmbSegmentRead and SmbSegmentReadInto share: the segment's attributes
-// and the read itself, into a buffer of the segment's size.
-class SegmentReadKernel : public OpKernel {
+class SmbSegmentReadOp : public OpKernel {
  public:
-  explicit SegmentReadKernel(OpKernelConstruction* c) : OpKernel(c) {
+  explicit SmbSegmentReadOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
     OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
-    OP_REQUIRES_OK(c, c->GetAttr("T", &dtype_));
+    bool consistent;
+    OP_REQUIRES_OK(c, c->GetAttr("consistent", &consistent));
+    mode_ = consistent ? smb::ReadMode::kConsistent : smb::ReadMode::kHogwild;
+  }
+  void Compute(OpKernelContext* c) override {
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, shape_, &out));
+    smb::DType dtype;
+    std::vector<int64_t> shape;
+    OP_REQUIRES_OK(c, DescribeTensor(*out, &dtype, &shape));
+    std::shared_ptr<smb::Communicator> comm;
+    smb::SegmentTable* segments = nullptr;
+    OP_REQUIRES_OK(c, SmbContext::Get().Segments(&comm, &segments));
+    smb::timeline::Scope scope(smb::timeline::kThisProcess, smb::timeline::kSegments,
+                               "segment read", "segment");
+    if (scope.active()) scope.set_name("segment read " + name_);
+    OP_REQUIRES_OK(c, ToTfStatus(segments->Read(name_, dtype, shape, mode_,
+                                                const_cast<char*>(out->tensor_data().data()),
+                                                comm->timeout_s())));
+  }
+
+ private:
+  std::string name_;
+  TensorShape shape_;
+  smb::ReadMode mode_;
+};
+
+class SmbSegmentsPushReadOp : public OpKernel {
+ public:
+  explicit SmbSegmentsPushReadOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("segments", &names_));
+    OP_REQUIRES_OK(c, c->GetAttr("read", &read_));
     bool consistent;
     OP_REQUIRES_OK(c, c->GetAttr("consistent", &consistent));
     mode_ = consistent ? smb::ReadMode::kConsistent : smb::ReadMode::kHogwild;
   }
 
- protected:
-  absl::Status ReadSegmentInto(Tensor* dst) const {
-    smb::DType dtype;
-    if (!ToSmbDType(dtype_, &dtype)) return absl::InvalidArgumentError("unsupported dtype");
-    const auto dims = shape_.dim_sizes();
-    const std::vector<int64_t> shape(dims.begin(), dims.end());
+  void Compute(OpKernelContext* c) override {
+    OpInputList deltas;
+    OP_REQUIRES_OK(c, c->input_list("deltas", &deltas));
+    const int n = c->num_inputs() - deltas.size();
+    OP_REQUIRES(c, static_cast<int>(names_.size()) == n && deltas.size() <= n,
+                absl::InvalidArgumentError(
+                    "SmbSegmentsPushRead: expected one segment name per variable and at "
+                    "most one delta per variable, got " + std::to_string(names_.size()) +
+                    " names, " + std::to_string(n) + " variables and " +
+                    std::to_string(deltas.size()) + " deltas"));
     std::shared_ptr<smb::Communicator> comm;
     smb::SegmentTable* segments = nullptr;
-    TF_RETURN_IF_ERROR(SmbContext::Get().Segments(&comm, &segments));
+    OP_REQUIRES_OK(c, SmbContext::Get().Segments(&comm, &segments));
     smb::timeline::Scope scope(smb::timeline::kThisProcess, smb::timeline::kSegments,
-                               "segment read", "segment");
-    if (scope.active()) scope.set_name("segment read " + name_);
-    return ToTfStatus(segments->Read(name_, dtype, shape, mode_,
-                                     const_cast<char*>(dst->tensor_data().data()),
-                                     comm->timeout_s()));
+                               read_ ? "push+read" : "push", "segment");
+    if (scope.active()) {
+      scope.set_name((read_ ? "push+read (" : "push (") + std::to_string(deltas.size()) +
+                     " pushes" + (read_ ? ", " + std::to_string(n) + " reads)" : ")"));
+    }
+    if (!read_) {
+      for (int i = 0; i < deltas.size(); ++i) {
+        OP_REQUIRES_OK(c, Push(names_[i], deltas[i], segments, comm->timeout_s(), nullptr,
+                               false));
+      }
+      return;
+    }
+    std::vector<core::RefCountPtr<Var>> vars(n);
+    size_t read_bytes = 0;
+    for (int i = 0; i < n; ++i) {
+      OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, i), &vars[i]));
+      tf_shared_lock lock(*vars[i]->mu());
+      read_bytes += vars[i]->tensor()->TotalBytes();
+    }
+    // Reads of a whole model's segments: non-temporal stores once they add up
+    // (the first ones would have left the cache by the last).
+    const bool bulk = smb::UseStreamingCopy(read_bytes, false);
+    for (int i = 0; i < n; ++i) {
+      const Tensor* delta = i < deltas.size() ? &deltas[i] : nullptr;
+      OP_REQUIRES_OK(c, PushReadInto(c, i, vars[i].get(), delta, segments, comm->timeout_s(),
+                                     bulk));
+    }
   }
 
-  std::string name_;
-  TensorShape shape_;
-  DataType dtype_;
-  smb::ReadMode mode_;
-};
-
-class SmbSegmentReadOp : public SegmentReadKernel {
- public:
-  using SegmentReadKernel::SegmentReadKernel;
-  void Compute(OpKernelContext* c) override {
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(c, c->allocate_output(0, shape_, &out));
-    OP_REQUIRES_OK(c, ReadSegmentInto(out));
+ private:
+  // segment += delta; `read_back` (optional): then the segment's value.
+  static absl::Status Push(const std::string& name, const Tensor& delta,
+                           smb::SegmentTable* segments, double timeout_s, Tensor* read_back,
+                           bool bulk) {
+    smb::DType dtype;
+    std::vector<int64_t> shape;
+    TF_RETURN_IF_ERROR(DescribeTensor(delta, &dtype, &shape));
+    return ToTfStatus(segments->Update(
+        name, dtype, shape, {smb::UpdateRule::kDelta}, delta.tensor_data().data(), 0.0,
+        timeout_s,
+        read_back == nullptr ? nullptr : const_cast<char*>(read_back->tensor_data().data()),
+        bulk));
   }
-};
 
-class SmbSegmentReadIntoOp : public SegmentReadKernel {
- public:
-  using SegmentReadKernel::SegmentReadKernel;
-  void Compute(OpKernelContext* c) override {
-    core::RefCountPtr<Var> var;
-    OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 0), &var));
+  // Variable i (`var`) = its segment's value, after `delta` (optional) is pushed.
+  absl::Status PushReadInto(OpKernelContext* c, int i, Var* var, const Tensor* delta,
+                            smb::SegmentTable* segments, double timeout_s, bool bulk) const {
     mutex_lock lock(*var->mu());
     Tensor* w = var->tensor();
-    OP_REQUIRES(c, var->is_initialized && w->dtype() == dtype_ && w->shape() == shape_,
-                absl::InvalidArgumentError(
-                    "SmbSegmentReadInto: the variable must match segment '" + name_ +
-                    "': expected " + DataTypeString(dtype_) + shape_.DebugString() + ", got " +
-                    (var->is_initialized ? DataTypeString(w->dtype()) + w->shape().DebugString()
-                                         : std::string("an uninitialized variable"))));
+    if (!var->is_initialized) {
+      return absl::InvalidArgumentError("SmbSegmentsPushRead: the variable of segment '" +
+                                        names_[i] + "' is not initialized");
+    }
+    if (delta != nullptr &&
+        (delta->dtype() != w->dtype() || delta->shape() != w->shape())) {
+      return absl::InvalidArgumentError(
+          "SmbSegmentsPushRead: the delta for segment '" + names_[i] +
+          "' must have its variable's dtype and shape: expected " +
+          DataTypeString(w->dtype()) + w->shape().DebugString() + ", got " +
+          DataTypeString(delta->dtype()) + delta->shape().DebugString());
+    }
     Tensor target;
     if (w->RefCountIsOne() && !var->copy_on_read_mode.load()) {
       target = *w;  // the variable alone holds its buffer: overwrite it
     } else {
       // A value read before still holds this buffer: it must not change.
-      OP_REQUIRES_OK(c, c->allocate_temp(dtype_, shape_, &target));
+      TF_RETURN_IF_ERROR(c->allocate_temp(w->dtype(), w->shape(), &target));
     }
-    OP_REQUIRES_OK(c, ReadSegmentInto(&target));
+    if (delta != nullptr) {
+      TF_RETURN_IF_ERROR(Push(names_[i], *delta, segments, timeout_s, &target, bulk));
+    } else {
+      smb::DType dtype;
+      std::vector<int64_t> shape;
+      TF_RETURN_IF_ERROR(DescribeTensor(target, &dtype, &shape));
+      TF_RETURN_IF_ERROR(ToTfStatus(segments->Read(
+          names_[i], dtype, shape, mode_, const_cast<char*>(target.tensor_data().data()),
+          timeout_s, bulk)));
+    }
     *w = target;
+    return absl::OkStatus();
   }
+
+  std::vector<std::string> names_;
+  bool read_;
+  smb::ReadMode mode_;
 };
 
 // Applies one push to a segment: `update` (input 0) with the updater of the
@@ -883,7 +955,7 @@ REGISTER_KERNEL_BUILDER(Name("SmbTimelineFlush").Device(DEVICE_CPU), SmbTimeline
 
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentCreate").Device(DEVICE_CPU), SmbSegmentCreateOp);
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentRead").Device(DEVICE_CPU), SmbSegmentReadOp);
-REGISTER_KERNEL_BUILDER(Name("SmbSegmentReadInto").Device(DEVICE_CPU), SmbSegmentReadIntoOp);
+REGISTER_KERNEL_BUILDER(Name("SmbSegmentsPushRead").Device(DEVICE_CPU), SmbSegmentsPushReadOp);
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentPush").Device(DEVICE_CPU), SmbSegmentPushOp);
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentApplySgd").Device(DEVICE_CPU), SmbSegmentApplySgdOp);
 REGISTER_KERNEL_BUILDER(Name("SmbClockTick").Device(DEVICE_CPU), SmbClockTickOp);

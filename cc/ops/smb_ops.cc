@@ -162,19 +162,27 @@ Reads segment `segment`. `consistent` (a seqlock per 256 KiB stripe) never
 returns a half-written stripe; false reads without waiting for writers (hogwild).
 )doc");
 
-REGISTER_OP("SmbSegmentReadInto")
-    .Input("variable: resource")
-    .Attr("T: {float, double, half, bfloat16, int32, int64}")
-    .Attr("shape: shape")
-    .Attr("segment: string")
+REGISTER_OP("SmbSegmentsPushRead")
+    .Input("variables: N * resource")
+    .Input("deltas: T")
+    .Attr("N: int >= 1")
+    .Attr("T: list({float, double, half, bfloat16, int32, int64}) >= 0")
+    .Attr("segments: list(string)")
+    .Attr("read: bool = true")
     .Attr("consistent: bool = true")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(
-Reads segment `segment` straight into `variable`'s buffer (no new tensor to
-allocate and assign), or into a new buffer when a value read before still
-holds the old one (copy-on-write, as TensorFlow's own updates). The variable
-must have the segment's dtype and shape. `consistent` as in SmbSegmentRead.
+One op for a step's box traffic over many variables (one op each cost more
+than the copies of a model's small tensors). Variable i's segment is
+`segments[i]`. The first len(T) segments take `deltas` (segment += delta, as
+SmbSegmentPush); then, with `read`, every variable gets its segment's value,
+a pushed one in the same pass as its push (each stripe's value right after
+this push). Reads go straight into the variable's buffer, or into a new one
+when a value read before still holds the old one (copy-on-write, as
+TensorFlow's own updates). Each variable and delta must have its segment's
+dtype and shape. `consistent` as in SmbSegmentRead (reads of pushed segments
+are consistent either way).
 )doc");
 
 REGISTER_OP("SmbSegmentHome")

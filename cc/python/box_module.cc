@@ -125,7 +125,7 @@ void ApplyUpdate(smb::Communicator& c, uint64_t key, const py::array& update,
   std::unique_ptr<smb::Updater> updater;
   ThrowIfError(smb::MakeUpdater(c.box(), "key " + std::to_string(key), seg, options, &updater));
   const void* src = a.data();
-  WithoutGil([&] { return updater->Apply(seg, src, learning_rate); });
+  WithoutGil([&] { return updater->Apply(seg, src, learning_rate, nullptr, false); });
 }
 
 class BoxHandle {

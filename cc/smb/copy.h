@@ -21,6 +21,14 @@ namespace smb {
 // ones may still be in a cache when they are read.
 constexpr size_t kStreamingCopyBytes = size_t{8} << 20;
 
+// Whether a copy of `bytes` to a destination uses CopyStreaming; `bulk`: it
+// is one of many copies that add up to kStreamingCopyBytes or more (a
+// step's reads of a model's segments), whose first ones will have left the
+// cache when the last is done.
+inline bool UseStreamingCopy(size_t bytes, bool bulk) {
+  return bulk || bytes >= kStreamingCopyBytes;
+}
+
 inline void CopyStreaming(char* dst, const char* src, size_t bytes) {
 #if defined(__SSE2__)
   if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0) {

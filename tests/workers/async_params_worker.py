@@ -79,13 +79,16 @@ def scenario_sgd_args(strategy, a):
     strategy.barrier()
     out["after_function_update"] = _box_value(strategy, v).tolist()  # 4.8 - 2*0.75
     strategy.barrier()
-    v.assign(tf.zeros([3]))  # this worker's copy only; the step reads the box first
+    v.assign(tf.zeros([3]))  # this worker's copy only
 
+    # A training step reads the box at its start (a staleness bound), or at
+    # its end for the next step, after the step's own ops (fully asynchronous).
     @tf.function
     def value_in_step():
         return strategy.run(lambda: v.read_value() + 0.0)
 
-    out["read_in_step"] = value_in_step().numpy().tolist()           # the box's 3.3
+    out["read_in_step"] = value_in_step().numpy().tolist()
+    out["after_step"] = v.numpy().tolist()
     strategy.barrier()
     return out
 
@@ -124,9 +127,10 @@ def scenario_names(strategy, a):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenarios", help="scenarios separated by commas")
+    p.add_argument("--staleness", type=int, default=None)
     a = p.parse_args()
     keras.utils.set_random_seed(7)
-    strategy = tf_smb.SMBStrategy(mode="async", update="sgd",
+    strategy = tf_smb.SMBStrategy(mode="async", update="sgd", staleness=a.staleness,
                                   timeout_s=float(os.environ.get("TEST_TIMEOUT", "60")))
     result = {"rank": strategy.rank, "size": strategy.size}
     for scenario in a.scenarios.split(","):

@@ -358,19 +358,35 @@ def scenario_async_bad_push(strategy, a):
     # a variable of another shape or dtype is refused and keeps its own.
     into = tf.Variable(tf.zeros([2, 2]))
     held = into.read_value()
-    smb_ops.segment_read_into(into, "bad-push-test", [2, 2])
+    smb_ops.segments_push_read([into], ["bad-push-test"])
     read_into = {"value": into.numpy().tolist(), "held": held.numpy().tolist()}
-    smb_ops.segment_read_into(into, "bad-push-test", [2, 2])  # nothing holds it now
+    smb_ops.segments_push_read([into], ["bad-push-test"])  # nothing holds it now
     read_into["again"] = into.numpy().tolist()
     read_into["errors"] = []
     for bad in (tf.Variable(tf.zeros([4])), tf.Variable(tf.zeros([2, 2], tf.float64))):
         try:
-            smb_ops.segment_read_into(bad, "bad-push-test", bad.shape.as_list())
+            smb_ops.segments_push_read([bad], ["bad-push-test"])
             read_into["errors"].append(None)
         except tf.errors.InvalidArgumentError as e:
             read_into["errors"].append(e.message)
         read_into.setdefault("bad_values", []).append(bad.numpy().tolist())
-    return {"errors": errors, "value": value, "read_into": read_into}
+    # A push and read in one op: rank 0 adds ones and gets the sum back; a
+    # delta of another shape than its variable is refused and pushes nothing.
+    push_read = {}
+    tf_smb.barrier()
+    if tf_smb.rank() == 0:
+        try:
+            smb_ops.segments_push_read([into], ["bad-push-test"], [tf.ones([4])])
+            push_read["error"] = None
+        except tf.errors.InvalidArgumentError as e:
+            push_read["error"] = e.message
+        held = into.read_value()
+        smb_ops.segments_push_read([into], ["bad-push-test"], [tf.ones([2, 2])])
+        push_read["value"] = into.numpy().tolist()
+        push_read["held"] = held.numpy().tolist()
+    tf_smb.barrier()
+    push_read["box"] = smb_ops.segment_read("bad-push-test", tf.float32, [2, 2]).numpy().tolist()
+    return {"errors": errors, "value": value, "read_into": read_into, "push_read": push_read}
 
 
 def scenario_save(strategy, a):

@@ -80,14 +80,14 @@ Status ReadStripe(StripeLock* s, const char* src, char* dst, size_t bytes, CopyF
 
 }  // namespace
 
-Status ReadSegment(const Segment& segment, void* dst, ReadMode mode) {
+Status ReadSegment(const Segment& segment, void* dst, ReadMode mode, bool bulk) {
   if (mode == ReadMode::kHogwild) {
     std::memcpy(dst, segment.data, segment.bytes);
     return Status::Ok();
   }
   const char* src = static_cast<const char*>(segment.data);
   char* out = static_cast<char*>(dst);
-  const CopyFn copy = segment.bytes >= kStreamingCopyBytes ? CopyStreaming : CopyPlain;
+  const CopyFn copy = UseStreamingCopy(segment.bytes, bulk) ? CopyStreaming : CopyPlain;
   Status read;
   for (uint64_t k = 0, n = NumStripes(segment.bytes); k < n && read.ok(); ++k) {
     const size_t at = k * kStripeBytes;

@@ -27,7 +27,8 @@ enum class ReadMode {
   kHogwild,     // plain copy: may mix two updates, never blocks on writers
 };
 
-Status ReadSegment(const Segment& segment, void* dst, ReadMode mode);
+// `bulk`: see UseStreamingCopy (copy.h).
+Status ReadSegment(const Segment& segment, void* dst, ReadMode mode, bool bulk = false);
 // segment = src.
 Status AssignSegment(const Segment& segment, const void* src);
 // Runs `write(offset, bytes)` on each stripe of the segment in turn, while

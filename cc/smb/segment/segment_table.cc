@@ -66,14 +66,14 @@ Status SegmentTable::Create(const std::string& name, DType dtype,
 
 Status SegmentTable::Read(const std::string& name, DType dtype,
                           const std::vector<int64_t>& shape, ReadMode mode, void* dst,
-                          double timeout_s) {
+                          double timeout_s, bool bulk) {
   for (int attempt = 0;; ++attempt) {
     int home = 0;
     SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
     if (!Remote(home)) {
       Segment segment;
       SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
-      return ReadSegment(segment, dst, mode);
+      return ReadSegment(segment, dst, mode, bulk);
     }
     SegmentRequest request;
     request.kind = SegmentRequest::Kind::kRead;
@@ -94,14 +94,15 @@ Status SegmentTable::Read(const std::string& name, DType dtype,
 
 Status SegmentTable::Update(const std::string& name, DType dtype,
                             const std::vector<int64_t>& shape, const UpdateOptions& options,
-                            const void* update, double learning_rate, double timeout_s) {
+                            const void* update, double learning_rate, double timeout_s,
+                            void* read_back, bool bulk) {
   for (int attempt = 0;; ++attempt) {
     int home = 0;
     SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
     if (!Remote(home)) {
       Segment segment;
       SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
-      return UpdateLocal(name, segment, options, update, learning_rate);
+      return UpdateLocal(name, segment, options, update, learning_rate, read_back, bulk);
     }
     SegmentRequest request;
     request.kind = SegmentRequest::Kind::kUpdate;
@@ -113,6 +114,11 @@ Status SegmentTable::Update(const std::string& name, DType dtype,
     request.learning_rate = learning_rate;
     Status updated = link_->CallSegmentServer(home, request, update, Bytes(dtype, shape),
                                               nullptr, 0, timeout_s);
+    if (updated.ok() && read_back != nullptr) {
+      // A second call: other ranks' pushes may land in between, as they
+      // may between any push and read.
+      return Read(name, dtype, shape, ReadMode::kConsistent, read_back, timeout_s, bulk);
+    }
     if (!RetryAfterLoss(updated, attempt)) return updated;
   }
 }
@@ -311,7 +317,7 @@ Status SegmentTable::Local(const std::string& name, DType dtype,
 
 Status SegmentTable::UpdateLocal(const std::string& name, const Segment& segment,
                                  const UpdateOptions& options, const void* update,
-                                 double learning_rate) {
+                                 double learning_rate, void* read_back, bool bulk) {
   Updater* updater = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -325,7 +331,7 @@ Status SegmentTable::UpdateLocal(const std::string& name, const Segment& segment
     }
     updater = it->second.get();
   }
-  return updater->Apply(segment, update, learning_rate);
+  return updater->Apply(segment, update, learning_rate, read_back, bulk);
 }
 
 }  // namespace smb

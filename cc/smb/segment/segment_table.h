@@ -49,13 +49,15 @@ class SegmentTable {
   // `value` is this rank's copy either way (kept while the home is remote).
   Status Create(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                 const void* value, bool write, double timeout_s);
-  // dst = the segment's current value.
+  // dst = the segment's current value. `bulk`: see UseStreamingCopy (copy.h).
   Status Read(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-              ReadMode mode, void* dst, double timeout_s);
-  // Applies `update` (a delta, or a gradient for the SGD rules) to the segment.
+              ReadMode mode, void* dst, double timeout_s, bool bulk = false);
+  // Applies `update` (a delta, or a gradient for the SGD rules) to the segment;
+  // `read_back` (optional): then the segment's value, as a consistent read
+  // would give it (in the same pass on the home node, see Updater::Apply).
   Status Update(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                 const UpdateOptions& options, const void* update, double learning_rate,
-                double timeout_s);
+                double timeout_s, void* read_back = nullptr, bool bulk = false);
   // The segment's home node; -1 when this rank did not create it.
   int Home(const std::string& name) const;
 
@@ -88,7 +90,8 @@ class SegmentTable {
   // Keeps `value` as this rank's last copy of remote segment `name` (mu_ held).
   void KeepCopy(const std::string& name, const void* value, size_t bytes);
   Status UpdateLocal(const std::string& name, const Segment& segment,
-                     const UpdateOptions& options, const void* update, double learning_rate);
+                     const UpdateOptions& options, const void* update, double learning_rate,
+                     void* read_back = nullptr, bool bulk = false);
 
   std::shared_ptr<Peers> peers_;
   NodeLink* link_;

@@ -1,5 +1,8 @@
 #include "cc/smb/segment/updaters.h"
 
+#include <cstring>
+
+#include "cc/smb/copy.h"
 #include "cc/smb/segment/segment_io.h"
 
 namespace smb {
@@ -36,9 +39,11 @@ class RuleUpdater : public Updater {
   RuleUpdater(UpdateOptions options, Segment velocity)
       : options_(options), velocity_(std::move(velocity)) {}
 
-  Status Apply(const Segment& param, const void* update, double learning_rate) override {
+  Status Apply(const Segment& param, const void* update, double learning_rate,
+               void* read_back, bool bulk) override {
     Status result;
     const size_t elem = DTypeSize(param.dtype);
+    const bool streaming = UseStreamingCopy(param.bytes, bulk);
     // Each stripe of the parameter locks that stripe of its velocity too.
     Status written = WriteSegment(param, [&](size_t offset, size_t bytes) {
       if (!result.ok()) return;
@@ -48,7 +53,16 @@ class RuleUpdater : public Updater {
                              : static_cast<char*>(velocity_.data) + offset,
                          static_cast<const char*>(update) + offset, learning_rate,
                          bytes / elem);
+      if (read_back == nullptr || !result.ok()) return;
+      char* out = static_cast<char*>(read_back) + offset;
+      const char* in = static_cast<const char*>(param.data) + offset;
+      if (streaming) {
+        CopyStreaming(out, in, bytes);
+      } else {
+        std::memcpy(out, in, bytes);
+      }
     });
+    if (read_back != nullptr && streaming) StreamingFence();
     return written.ok() ? result : written;
   }
 

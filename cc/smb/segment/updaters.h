@@ -6,7 +6,9 @@
 //
 //   std::unique_ptr<smb::Updater> sgd;
 //   SMB_RETURN_IF_ERROR(smb::MakeUpdater(box, "dense/kernel", w, {smb::UpdateRule::kSgd}, &sgd));
-//   SMB_RETURN_IF_ERROR(sgd->Apply(w, grad, /*learning_rate=*/0.1));
+//   SMB_RETURN_IF_ERROR(sgd->Apply(w, grad, /*learning_rate=*/0.1, /*read_back=*/nullptr,
+//                                  /*bulk=*/false));
+//   SMB_RETURN_IF_ERROR(sgd->Apply(w, grad, 0.1, /*read_back=*/local, false));  // local = w
 #ifndef TF_SMB_CC_SMB_STORE_UPDATERS_H_
 #define TF_SMB_CC_SMB_STORE_UPDATERS_H_
 
@@ -41,8 +43,12 @@ class Updater {
  public:
   virtual ~Updater() = default;
   // `update` holds the segment's dtype and shape: a delta or a gradient.
-  // `learning_rate` is unused by kDelta.
-  virtual Status Apply(const Segment& param, const void* update, double learning_rate) = 0;
+  // `learning_rate` is unused by kDelta. `read_back` (optional, the
+  // segment's size): each stripe's value right after this update, copied
+  // while the stripe is still locked and in cache (a push and the next
+  // read in one pass); `bulk` as in UseStreamingCopy (copy.h).
+  virtual Status Apply(const Segment& param, const void* update, double learning_rate,
+                       void* read_back, bool bulk) = 0;
 };
 
 // An updater for the parameter segment `param` named `param_name` in `box`.
