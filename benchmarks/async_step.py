@@ -7,16 +7,18 @@ number of `--workers`, every worker (benchmarks/roles/async_steps.py) times thes
 each one tf.function call:
   * sync all-reduce: one fused `tf_smb.allreduce(grads)`, the collective of a
     synchronous step (SMBStrategy(mode="sync"));
-  * async push+read: one `ops.segments_push_read` of a delta for every parameter
-    (segment += delta in the box, then the worker's copy = the segment, in one pass),
-    what SMBStrategy(mode="async") does at the end of a step;
-  * async sgd+read: `ops.segment_apply_sgd` of a gradient for each parameter (the box
-    runs momentum SGD, `--sgd_momentum`; update="sgd"), then the same read.
+  * async read+push: one `ops.segments_push_read` that reads every parameter into the
+    worker's copy, then one that pushes a delta for each (segment += delta in the box),
+    what SMBStrategy(mode="async") does per step (at its start and end);
+  * async push+read: one op that pushes each delta and reads the segment back in the
+    same pass, what SMBStrategy(mode="async", read_at="push") does at a step's end;
+  * async read+sgd: the same read, then `ops.segment_apply_sgd` of a gradient for each
+    (the box runs momentum SGD, `--sgd_momentum`; update="sgd").
 The workers pass one barrier before and one after each timed loop, none in between: each
 runs its steps back to back, so the sync steps wait for one another in the all-reduce and
 the async ones do not. Each step is timed separately (perf_counter around the call and the
 fetch of one scalar); the table shows the median over every worker's timed steps. The
-async push+read run is checked: afterwards every segment holds the sum of all pushes.
+async read+push and push+read runs are checked: afterwards every segment holds the sum of all pushes.
 
 Part 1 needs a box with room for a model's parameters (VGG16: 528 MiB, twice that with
 the momentum buffers, and the sync all-reduce's result buffers): the workers run under
@@ -71,8 +73,8 @@ FLAGS = flags.FLAGS
 DIGITS = REPO_ROOT / "examples" / "keras_digits.py"
 FULL_MODELS, SMOKE_MODELS = "mlp,resnet50,vgg16", "tiny_mlp"
 # Per-step kinds of part 1 (benchmarks/roles/async_steps.py): name -> table column.
-COMM_MODES = {"sync": "sync all-reduce ms", "push": "async push+read ms",
-              "sgd": "async sgd+read ms"}
+COMM_MODES = {"sync": "sync all-reduce ms", "push": "async read+push ms",
+              "pushread": "async push+read ms (read_at=push)", "sgd": "async read+sgd ms"}
 # Runs of part 2: name -> keras_digits flags (horovod: under mpirun, the reference).
 TTA_MODES = {"sync": ["--mode=sync"], "async": ["--mode=async"],
              "async_sgd": ["--mode=async", "--update=sgd"], "horovod": ["--strategy=horovod"]}
@@ -86,7 +88,7 @@ flags.DEFINE_string("comm_modes", ",".join(COMM_MODES),
                     f"part-1 step kinds, from {', '.join(COMM_MODES)}; empty skips part 1")
 flags.DEFINE_integer("iters", None, "timed steps per kind (default 10; 3 with --smoke)")
 flags.DEFINE_integer("warmup", None, "untimed steps first (default 2; 1 with --smoke)")
-flags.DEFINE_float("sgd_momentum", 0.9, "momentum of the sgd+read steps (keras_digits' "
+flags.DEFINE_float("sgd_momentum", 0.9, "momentum of the read+sgd steps (keras_digits' "
                    "--update=sgd uses 0.9)")
 flags.DEFINE_string("tta_modes", ",".join(TTA_MODES),
                     f"part-2 runs, from {', '.join(TTA_MODES)}; empty skips part 2")
@@ -222,7 +224,7 @@ def run_driver(models: List[str], worlds: List[int], modes: List[str],
                                    fmt(r[-1], ".2f")] for r in comm_rows])
         note = (f"float32; MB = MiB of parameters; ms per step, medians over every "
                 f"worker's {iters} timed steps after {warmup} warm-up; sync/async = sync "
-                f"all-reduce / async push+read; sgd+read momentum {FLAGS.sgd_momentum}.")
+                f"all-reduce / async read+push; read+sgd momentum {FLAGS.sgd_momentum}.")
         sections.append(f"## Communication per step\n\n{table}\n\n{note}")
         write_csv(out_dir / "async_comm.csv", header,
                   [[r[0], r[1], *(fmt(x, ".6g") for x in r[2:])] for r in comm_rows])

@@ -13,8 +13,8 @@ inside the namespaces, with netem's 20 us delay where the kernel has netem):
    (hvd.grouped_allreduce under mpirun), Horovod with HOROVOD_HIERARCHICAL_ALLREDUCE=1
    and MultiWorkerMirroredStrategy (RING, TF_CONFIG with the nodes' veth addresses):
    benchmarks/roles/nodes_comm.py, a barrier before each step, rank 0's times;
-3. the SMB async step (one segments_push_read of a delta for every parameter: push,
-   then read back, as benchmarks/roles/async_steps.py), every worker's steps back to back;
+3. the SMB async step (one segments_push_read that reads every parameter, one that pushes
+   a delta for each, as benchmarks/roles/async_steps.py), every worker's steps back to back;
 4. the bytes that crossed the link per step for each of 2 and 3: the veth counters
    (rx_bytes + tx_bytes in node 0's namespace) read by rank 0 before and after the
    timed steps, over the steps (async: a step = one step of every worker);
@@ -667,8 +667,8 @@ def report(args, out_dir, started, load, info, models, links, fit_models, sample
         + markdown(header, rows) + "\n\n"
         f"float32 gradient sets (MB = MiB); medians of {args.iters} timed steps after "
         f"{args.warmup} warm-up (each sum checked first). All-reduce: a barrier before each "
-        "step, rank 0's times. SMB async step: one segments_push_read of a delta for every "
-        "parameter (push, then read back), steps back to back, every worker's times "
+        "step, rank 0's times. SMB async step: one op reading every parameter, one pushing a "
+        "delta for each, steps back to back, every worker's times "
         "(segments spread over the two nodes' boxes by bytes; every pushed value checked). "
         "Horovod hierarchical: HOROVOD_HIERARCHICAL_ALLREDUCE=1 (in Horovod 0.28 only its "
         "NCCL/GPU all-reduce is hierarchical, so on CPU tensors it runs the flat MPI "

@@ -19,19 +19,23 @@ class Strategy:
     label: str
     color: str
     launch: str               # processes.LAUNCHES
-    comm_kind: Optional[str]  # roles.allreduce --kind; None: roles.async_steps (push)
+    comm_kind: Optional[str]  # roles.allreduce --kind; None: roles.async_steps
     fit_kind: str             # roles.fit --kind
+    async_mode: str = "push"  # roles.async_steps --comm_modes, with comm_kind None
 
 
 STRATEGIES: Dict[str, Strategy] = {
     "smb_sync": Strategy("SMB sync", "tab:red", "tf_smb.run", "smb", "smb_sync"),
     "smb_async": Strategy("SMB async", "tab:orange", "tf_smb.run", None, "smb_async"),
+    "smb_async_push": Strategy("SMB async read_at=push", "tab:brown", "tf_smb.run", None,
+                               "smb_async_push", async_mode="pushread"),
     "horovod_mpi": Strategy("Horovod-MPI", "tab:blue", "mpirun", "horovod", "horovod"),
     "horovod_gloo": Strategy("Horovod-Gloo", "tab:cyan", "horovodrun", "horovod", "horovod"),
     "mwms": Strategy("MWMS-RING", "tab:green", "mwms", "mwms", "mwms"),
     "single": Strategy("one worker", "0.6", "single", None, "single"),  # fit only
 }
-COMM_STRATEGIES = ("smb_sync", "smb_async", "horovod_mpi", "horovod_gloo", "mwms")
+COMM_STRATEGIES = ("smb_sync", "smb_async", "smb_async_push", "horovod_mpi", "horovod_gloo",
+                   "mwms")
 FIT_STRATEGIES = ("smb_sync", "smb_async", "horovod_mpi", "horovod_gloo", "mwms", "single")
 # The series of the one-worker fit job ("single"): three models in one process.
 SINGLE_SERIES = ("none_1", "onedevice_1", "smb_1")

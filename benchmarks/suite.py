@@ -116,7 +116,8 @@ def run_comm(strategy: str, world: int, models: List[str], iters: int, warmup: i
     info, names = STRATEGIES[strategy], ",".join(models)
     steps = [f"--iters={iters}", f"--warmup={warmup}"]
     if info.comm_kind is None:  # SMB async: every rank reports
-        argv = role_argv("async_steps", "--comm_modes=push", f"--models={names}", *steps)
+        argv = role_argv("async_steps", f"--comm_modes={info.async_mode}", f"--models={names}",
+                         *steps)
         # Room for every model's parameters, at 64-byte offsets, and some.
         heap = max(_box.DEFAULT_HEAP_BYTES, total_bytes + (64 << 20))
         launcher_args, key, per_model = [f"--heap-bytes={heap}"], "model", world
@@ -291,7 +292,9 @@ def run_driver(models: List[str], worlds: List[int], comm_strategies: List[str],
                                           "ok" if c.value is not None else "n/a", c.reason])
         pairs = [(a, b) for a, b in (("horovod_mpi", "smb_sync"), ("horovod_gloo", "smb_sync"),
                                      ("mwms", "smb_sync"), ("smb_sync", "memcpy"),
-                                     ("horovod_mpi", "smb_async"), ("smb_sync", "smb_async"))
+                                     ("horovod_mpi", "smb_async"), ("smb_sync", "smb_async"),
+                                     ("horovod_mpi", "smb_async_push"),
+                                     ("smb_sync", "smb_async_push"))
                  if a in shown and b in shown]
         ratio_header = ["model", "workers", *(f"{LABELS[a]} / {LABELS[b]}" for a, b in pairs)]
         ratio_rows = [[m, str(w), *(fmt(ratio(comm[(m, w, a)].value, comm[(m, w, b)].value),
@@ -302,8 +305,9 @@ def run_driver(models: List[str], worlds: List[int], comm_strategies: List[str],
             f"float32 gradients, MB = MiB; medians of {iters} timed steps after {warmup} "
             "warm-up. SMB sync, Horovod and MWMS: one all-reduce of every tensor (fused / "
             "grouped), a barrier before each step, rank 0's times. SMB async: read every "
-            "parameter from the box and push a delta for each, steps back to back, every "
-            "worker's times. memcpy: one np.copyto of the same bytes (the floor).\n\n"
+            "parameter from the box (one op, as a step starts), then push a delta for each "
+            "(one op, as it ends); read_at=push: push each delta and read the segment back "
+            "in the same pass (one op); steps back to back, every worker's times. memcpy: one np.copyto of the same bytes (the floor).\n\n"
             "### Ratios (time / time: how many times faster the right-hand side is)\n\n"
             + markdown(ratio_header, ratio_rows))
         write_csv(out_dir / "comm.csv", ["model", "workers", "strategy", "MB", "tensors", "ms",

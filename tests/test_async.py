@@ -96,7 +96,9 @@ def test_async_options_are_checked():
     code = ("import tf_smb\n"
             "for kw in [dict(mode='bogus'), dict(mode='async', update='adam'),\n"
             "           dict(mode='async', staleness=-1), dict(mode='sync', staleness=2),\n"
-            "           dict(mode='async', consistency='loose')]:\n"
+            "           dict(mode='async', consistency='loose'),\n"
+            "           dict(mode='async', read_at='end'), dict(mode='sync', read_at='push'),\n"
+            "           dict(mode='async', read_at='push', staleness=1)]:\n"
             "    try:\n"
             "        tf_smb.SMBStrategy(**kw); print('accepted', kw)\n"
             "    except ValueError as e:\n"
@@ -105,4 +107,7 @@ def test_async_options_are_checked():
                        timeout=300, cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert p.returncode == 0, p.stderr[-2000:]
     lines = p.stdout.splitlines()
-    assert len(lines) == 5 and all(l.startswith("refused:") for l in lines), lines
+    assert len(lines) == 8 and all(l.startswith("refused:") for l in lines), lines
+    assert "read_at must be 'start' or 'push', got 'end'" in lines[5], lines
+    assert "apply to mode='async' only" in lines[6], lines
+    assert "read_at='push' needs staleness=None" in lines[7], lines

@@ -44,18 +44,17 @@ def test_sgd_mode_applies_gradient_steps_in_the_box_and_other_updates_as_deltas(
         assert r["after_sgd"] == pytest.approx([-0.2] * 3), r             # w -= lr * g
         assert r["after_variable_arg"] == pytest.approx([4.8] * 3), r     # EMA overwrite
         # Inside tf.function: an in-place update's delta, and a step's read of
-        # the box at its end, after the step's own read of the variable.
+        # the box at its start.
         assert r["after_function_update"] == pytest.approx([3.3] * 3), r
-        assert r["read_in_step"] == pytest.approx([0.0] * 3), r  # the worker's own copy
-        assert r["after_step"] == pytest.approx([3.3] * 3), r    # the box's
+        assert r["read_in_step"] == pytest.approx([3.3] * 3), r
 
 
-def test_with_a_staleness_bound_a_step_reads_the_box_at_its_start():
-    for r in run_ranks([WORKER, "sgd_args", "--staleness", "1"], 2, timeout=300, env=ENV):
+def test_read_at_push_reads_the_box_at_a_steps_end_after_its_own_reads():
+    for r in run_ranks([WORKER, "sgd_args", "--read_at", "push"], 2, timeout=300, env=ENV):
         r = r.check().json()
         assert r["after_function_update"] == pytest.approx([3.3] * 3), r
-        assert r["read_in_step"] == pytest.approx([3.3] * 3), r  # after the clock's wait
-        assert r["after_step"] == pytest.approx([3.3] * 3), r
+        assert r["read_in_step"] == pytest.approx([0.0] * 3), r  # the worker's own copy
+        assert r["after_step"] == pytest.approx([3.3] * 3), r    # the box's, for the next
 
 
 def test_segments_are_named_by_variable_path_alike_on_every_worker():

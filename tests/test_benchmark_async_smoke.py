@@ -36,7 +36,8 @@ def test_benchmark_async_smoke(tmp_path: pathlib.Path) -> None:
 
     comm = read_csv(tmp_path / "async_comm.csv")
     assert [(r["model"], r["workers"]) for r in comm] == [("tiny_mlp", "2")]
-    for column in ("sync all-reduce ms", "async push+read ms", "async sgd+read ms",
+    for column in ("sync all-reduce ms", "async read+push ms",
+                   "async push+read ms (read_at=push)", "async read+sgd ms",
                    "sync/async"):
         assert column in comm[0], column
     assert_positive_numbers(comm, skip="model")

@@ -18,7 +18,8 @@ from harness import run_single
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Rows that must hold numbers; the others (MWMS: Keras 3's fit may fail under it) may read
 # n/a, with a reason.
-COMM_REQUIRED = ["SMB sync", "SMB async", "Horovod-MPI", "Horovod-Gloo", "memcpy"]
+COMM_REQUIRED = ["SMB sync", "SMB async", "SMB async read_at=push", "Horovod-MPI",
+                 "Horovod-Gloo", "memcpy"]
 FIT_REQUIRED = ["SMB sync", "SMB async", "Horovod-MPI", "Horovod-Gloo",
                 "no strategy (1 worker)", "OneDeviceStrategy (1 worker)", "SMB sync (1 worker)"]
 
@@ -61,7 +62,8 @@ def test_benchmark_suite_smoke(tmp_path: pathlib.Path) -> None:
     markdown = (tmp_path / "benchmark.md").read_text()
     for text in ("## Communication per step (ms)",
                  "| model | workers | params (M) | MB | SMB sync ms | SMB async ms | "
-                 "Horovod-MPI ms | Horovod-Gloo ms | MWMS-RING ms | memcpy ms |",
+                 "SMB async read_at=push ms | Horovod-MPI ms | Horovod-Gloo ms | MWMS-RING ms "
+                 "| memcpy ms |",
                  "### Ratios", "Horovod-MPI / SMB sync", "Horovod-Gloo / SMB sync",
                  "## model.fit throughput, 2 workers (samples/s)",
                  "## One worker: SMBStrategy against no strategy", "## Targets",

@@ -47,6 +47,7 @@ class AsyncConfig:
     update: str = "delta"            # "delta" (any optimizer) or "sgd" (in the box)
     momentum: float = 0.0            # with update="sgd"
     consistent: bool = True          # False: hogwild reads
+    read_at: str = "start"           # "start" of a step, or "push": with the last step's push
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,9 +269,9 @@ class AsyncEngine:
     @property
     def reads_at_step_end(self) -> bool:
         """Whether a training step reads the box at its end, for the next step,
-        in the same pass as its pushes (fully asynchronous: no staleness
-        bound), rather than at its start after the clock's wait."""
-        return self._config.staleness is None
+        in the same pass as its pushes (read_at="push"), rather than at its
+        start (after the clock's wait)."""
+        return self._config.read_at == "push"
 
     def _push_read(self, pushes: Dict[Any, tf.Tensor], read: bool) -> Optional[tf.Operation]:
         """One op: each variable of `pushes` (ref -> delta) pushes its delta;
@@ -289,7 +290,7 @@ class AsyncEngine:
         """Runs a step of `fn`. A training step waits within the staleness bound
         first and pushes its updates in one op at its end (`update`). The box's
         current parameters go into the local variables at the step's start,
-        or, fully asynchronously, in that same op at the end of the previous
+        or with read_at="push" in that same op at the end of the previous
         training step (`reads_at_step_end`)."""
         training = not keras_support.in_eval_phase()
         read_at_end = training and self.reads_at_step_end

@@ -6,7 +6,7 @@ and each prints its results as `benchmarks.common.RESULT_TAG` + JSON lines:
     shapes (written once for the other workers);
   * allreduce: times a summing all-reduce of tensor sets with SMB, MWMS or Horovod;
   * async_steps: times SMB's per-step box operations (sync all-reduce, async
-    push+read, async sgd+read);
+    read+push, async push+read, async read+sgd);
   * fit: model.fit throughput with a strategy;
   * memcpy: the floor, np.copyto of the same bytes (run inside the driver).
 """

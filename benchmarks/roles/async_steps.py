@@ -5,15 +5,18 @@
 
 Step kinds, each one tf.function call:
   * sync: one fused `tf_smb.allreduce(grads)`, the collective of a synchronous step;
-  * push: one `ops.segments_push_read` of a delta for every parameter (segment +=
-    delta in the box, then the worker's copy = the segment, in one pass), as
-    SMBStrategy(mode="async") ends a step, reading the box for the next one;
-  * sgd: `ops.segment_apply_sgd` of a gradient for each parameter (the box runs
-    momentum SGD; update="sgd"), then one `ops.segments_push_read` of every
-    parameter's copy.
+  * push: one `ops.segments_push_read` that reads every parameter into the worker's
+    copy, as SMBStrategy(mode="async") starts a step, then one that pushes a delta
+    for each (segment += delta in the box), as the step ends;
+  * pushread: one `ops.segments_push_read` that pushes a delta for every parameter
+    and reads each back into the worker's copy in the same pass, as a step ends
+    with SMBStrategy(mode="async", read_at="push");
+  * sgd: the same read, then `ops.segment_apply_sgd` of a gradient for each
+    parameter (the box runs momentum SGD; update="sgd").
 One barrier before and one after each timed loop, none in between: the sync steps wait
-for one another in the all-reduce, the async ones do not. The push run is checked:
-afterwards every segment holds the sum of all pushes. Every rank prints one result per
+for one another in the all-reduce, the async ones do not. The push and pushread runs
+are checked: the segments start at zero, and afterwards each holds the sum of the run's
+pushes. Every rank prints one result per
 model and kind. The box must have room for the parameters (tf_smb.run --heap-bytes).
 """
 from __future__ import annotations
@@ -24,7 +27,8 @@ from typing import List, Optional, Sequence
 
 from benchmarks import common
 
-COMM_MODES = ("sync", "push", "sgd")
+COMM_MODES = ("sync", "push", "pushread", "sgd")
+PUSH_MODES = ("push", "pushread")
 SGD_LEARNING_RATE = 1e-3
 
 
@@ -43,11 +47,16 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
     # The gradients (sync, sgd) and deltas (push): rank + 1 everywhere, so the sums are known.
     grads = [tf.fill(s, float(rank + 1)) for s in shapes]
     learning_rate = tf.constant(SGD_LEARNING_RATE)
-    if "push" in modes or "sgd" in modes:
-        if rank == 0:  # segments start at zero
+    box_modes = [m for m in modes if m != "sync"]
+
+    def zero_segments() -> None:
+        if rank == 0:
             for n, s in zip(names, shapes):
                 ops.segment_create(tf.zeros(s), n, write=True)
         tf_smb.barrier()
+
+    if box_modes:
+        zero_segments()
         if rank != 0:
             for n, g in zip(names, grads):
                 ops.segment_create(g, n, write=False)
@@ -60,23 +69,30 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
         return first(tf_smb.allreduce(xs)[-1])
 
     # The worker's copies of the parameters, which the async steps read the box into.
-    copies = ([tf.Variable(tf.zeros(s)) for s in shapes]
-              if "push" in modes or "sgd" in modes else [])
+    copies = [tf.Variable(tf.zeros(s)) for s in shapes] if box_modes else []
 
+    # Ops on the copies run in program order (TensorFlow's automatic control
+    # dependencies); a tf.function runs all its stateful ops before returning.
     @tf.function
     def push_step(deltas: List[tf.Tensor]) -> tf.Tensor:
+        ops.segments_push_read(copies, names)
+        ops.segments_push_read(copies, names, deltas, read=False)
+        return first(copies[-1])
+
+    @tf.function
+    def pushread_step(deltas: List[tf.Tensor]) -> tf.Tensor:
         ops.segments_push_read(copies, names, deltas)
-        return first(copies[-1])  # a tf.function runs all its stateful ops before returning
+        return first(copies[-1])
 
     @tf.function
     def sgd_step(gs: List[tf.Tensor]) -> tf.Tensor:
-        steps = [ops.segment_apply_sgd(g, learning_rate, n, momentum=sgd_momentum)
-                 for g, n in zip(gs, names)]
-        with tf.control_dependencies(steps):
-            ops.segments_push_read(copies, names)
+        read = ops.segments_push_read(copies, names)
+        with tf.control_dependencies([read]):
+            for g, n in zip(gs, names):
+                ops.segment_apply_sgd(g, learning_rate, n, momentum=sgd_momentum)
         return first(copies[-1])
 
-    steps = {"sync": sync_step, "push": push_step, "sgd": sgd_step}
+    steps = {"sync": sync_step, "push": push_step, "pushread": pushread_step, "sgd": sgd_step}
     if "sync" in modes:  # check the all-reduce once
         got = [o.numpy() for o in tf_smb.allreduce(grads)]
         expected = world * (world + 1) / 2
@@ -85,6 +101,8 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
         del got
     for mode in modes:
         step = steps[mode]
+        if mode in PUSH_MODES:
+            zero_segments()
         for _ in range(warmup):
             step(grads).numpy()
         tf_smb.barrier()
@@ -94,7 +112,7 @@ def run(model: str, modes: Sequence[str], iters: int, warmup: int, sgd_momentum:
             step(grads).numpy()
             times.append(time.perf_counter() - start)
         tf_smb.barrier()
-        if mode == "push":  # every push of every worker landed
+        if mode in PUSH_MODES:  # every push of every worker landed
             expected = (warmup + iters) * world * (world + 1) / 2
             for n, s in zip(names, shapes):
                 value = ops.segment_read(n, tf.float32, s).numpy()

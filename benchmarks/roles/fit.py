@@ -9,8 +9,8 @@ takes seconds, not minutes, on 2 cores).
     python -m tf_smb.run -np 2 python -m benchmarks.roles.fit --kind=smb_sync \
         --fit_models=cnn,mlp --fit_epochs=8 --fit_batch=256 --samples=cnn:8192,mlp:32768
 
-Kinds: smb_sync, smb_async (SMBStrategy), horovod (tf_smb.HorovodStrategy, under mpirun
-or horovodrun), mwms (MultiWorkerMirroredStrategy, RING, from TF_CONFIG) and single (one
+Kinds: smb_sync, smb_async, smb_async_push (SMBStrategy; the last with read_at="push"),
+horovod (tf_smb.HorovodStrategy, under mpirun or horovodrun), mwms (MultiWorkerMirroredStrategy, RING, from TF_CONFIG) and single (one
 process: no strategy, OneDeviceStrategy and a 1-worker SMBStrategy, one epoch each in
 turn). Synthetic data, SGD with momentum, no metrics, no XLA. Every rank prints, per
 model and strategy, its epoch times and its median step time (see `step_summary`).
@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 
 from benchmarks import common
 
-KINDS = ("smb_sync", "smb_async", "horovod", "mwms", "single")
+KINDS = ("smb_sync", "smb_async", "smb_async_push", "horovod", "mwms", "single")
 FIT_MODELS = ("cnn", "mlp", "mlp10m", "resnet50")
 IMAGE_SHAPES = {"cnn": (28, 28, 1), "resnet50": (32, 32, 3)}
 
@@ -125,6 +125,8 @@ def run(kind: str, models: Sequence[str], epochs: int, batch: int,
             strategies = {kind: tf_smb.HorovodStrategy()}
         elif kind in ("smb_sync", "smb_async"):
             strategies = {kind: tf_smb.SMBStrategy(mode=kind[4:])}
+        elif kind == "smb_async_push":
+            strategies = {kind: tf_smb.SMBStrategy(mode="async", read_at="push")}
         else:
             raise ValueError(f"unknown fit strategy {kind!r}")
         rank = getattr(next(iter(strategies.values())), "rank", 0)

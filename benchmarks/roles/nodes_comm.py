@@ -8,7 +8,7 @@ The cross-node driver (benchmarks/nodes.py) runs it on two simulated nodes. Per 
     checked and warmed up (roles.allreduce.time_collective, untimed), then `--iters`
     timed steps, each after a barrier, as roles.allreduce times them;
   * with --push (smb only): the async step of roles.async_steps (one `segments_push_read`
-    of a delta for every parameter: push, then read back), `--warmup` untimed then
+    that reads every parameter, one that pushes a delta for each), `--warmup` untimed then
     `--iters` timed steps back to back, every pushed value checked afterwards.
 With --fit_kind, the same job then runs roles.fit (model.fit throughput of
 --fit_models), so the workers start once (TensorFlow's start dominates a short job).
@@ -103,7 +103,8 @@ def time_push(name: str, iters: int, warmup: int, iface: str) -> dict:
 
     @tf.function
     def push_step(ds: List[tf.Tensor]) -> tf.Tensor:
-        ops.segments_push_read(copies, names, ds)
+        ops.segments_push_read(copies, names)  # ordered by the copies they share
+        ops.segments_push_read(copies, names, ds, read=False)
         return tf.reshape(copies[-1], [-1])[0]
 
     for _ in range(warmup):

@@ -81,8 +81,8 @@ def scenario_sgd_args(strategy, a):
     strategy.barrier()
     v.assign(tf.zeros([3]))  # this worker's copy only
 
-    # A training step reads the box at its start (a staleness bound), or at
-    # its end for the next step, after the step's own ops (fully asynchronous).
+    # A training step reads the box at its start, or (read_at="push") at its
+    # end for the next step, after the step's own ops.
     @tf.function
     def value_in_step():
         return strategy.run(lambda: v.read_value() + 0.0)
@@ -127,10 +127,10 @@ def scenario_names(strategy, a):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenarios", help="scenarios separated by commas")
-    p.add_argument("--staleness", type=int, default=None)
+    p.add_argument("--read_at", default="start")
     a = p.parse_args()
     keras.utils.set_random_seed(7)
-    strategy = tf_smb.SMBStrategy(mode="async", update="sgd", staleness=a.staleness,
+    strategy = tf_smb.SMBStrategy(mode="async", update="sgd", read_at=a.read_at,
                                   timeout_s=float(os.environ.get("TEST_TIMEOUT", "60")))
     result = {"rank": strategy.rank, "size": strategy.size}
     for scenario in a.scenarios.split(","):
