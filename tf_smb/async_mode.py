@@ -2,7 +2,7 @@
 
     engine = AsyncEngine(job, AsyncConfig(staleness=2), SMBCollectives())
     engine.place(variable)           # at creation: the box holds the master copy
-    engine.run_step(fn, args, kwargs)   # every step: wait (SSP clock), run, push + read
+    engine.run_step(fn, args, kwargs)   # every step: wait (SSP clock), read, run, push
     engine.update(var, args, apply_locally, group)   # a change to push, or an SGD step
     engine.finish()                  # at the end: wait for the others, load the box
 
