@@ -50,6 +50,16 @@ inline void CopyStreaming(char* dst, const char* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
 }
 
+inline void CopyPlain(char* dst, const char* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
+using CopyFn = void (*)(char* dst, const char* src, size_t bytes);
+
+// The copy for a destination of `bytes` (see UseStreamingCopy); after a
+// CopyStreaming, StreamingFence before the bytes are read elsewhere.
+inline CopyFn CopyFor(size_t bytes, bool bulk) {
+  return UseStreamingCopy(bytes, bulk) ? CopyStreaming : CopyPlain;
+}
+
 // Orders every streaming store before the stores that follow (a barrier's
 // arrival, a seqlock's release).
 inline void StreamingFence() {

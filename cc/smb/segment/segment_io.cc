@@ -13,10 +13,6 @@ namespace {
 
 constexpr int kOptimisticReads = 64;  // then read under the writers' lock
 
-void CopyPlain(char* dst, const char* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-
-using CopyFn = void (*)(char*, const char*, size_t);
-
 // Takes a stripe's write lock. If its holder died mid-update, the partial
 // update stays (as a lost or partial push would in any asynchronous scheme)
 // and the seqlock is made even again.
@@ -87,7 +83,7 @@ Status ReadSegment(const Segment& segment, void* dst, ReadMode mode, bool bulk) 
   }
   const char* src = static_cast<const char*>(segment.data);
   char* out = static_cast<char*>(dst);
-  const CopyFn copy = UseStreamingCopy(segment.bytes, bulk) ? CopyStreaming : CopyPlain;
+  const CopyFn copy = CopyFor(segment.bytes, bulk);
   Status read;
   for (uint64_t k = 0, n = NumStripes(segment.bytes); k < n && read.ok(); ++k) {
     const size_t at = k * kStripeBytes;

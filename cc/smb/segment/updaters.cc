@@ -1,7 +1,5 @@
 #include "cc/smb/segment/updaters.h"
 
-#include <cstring>
-
 #include "cc/smb/copy.h"
 #include "cc/smb/segment/segment_io.h"
 
@@ -43,7 +41,7 @@ class RuleUpdater : public Updater {
                void* read_back, bool bulk) override {
     Status result;
     const size_t elem = DTypeSize(param.dtype);
-    const bool streaming = UseStreamingCopy(param.bytes, bulk);
+    const CopyFn copy = CopyFor(param.bytes, bulk);
     // Each stripe of the parameter locks that stripe of its velocity too.
     Status written = WriteSegment(param, [&](size_t offset, size_t bytes) {
       if (!result.ok()) return;
@@ -54,15 +52,10 @@ class RuleUpdater : public Updater {
                          static_cast<const char*>(update) + offset, learning_rate,
                          bytes / elem);
       if (read_back == nullptr || !result.ok()) return;
-      char* out = static_cast<char*>(read_back) + offset;
-      const char* in = static_cast<const char*>(param.data) + offset;
-      if (streaming) {
-        CopyStreaming(out, in, bytes);
-      } else {
-        std::memcpy(out, in, bytes);
-      }
+      copy(static_cast<char*>(read_back) + offset, static_cast<const char*>(param.data) + offset,
+           bytes);
     });
-    if (read_back != nullptr && streaming) StreamingFence();
+    if (read_back != nullptr) StreamingFence();
     return written.ok() ? result : written;
   }
 
