@@ -42,10 +42,18 @@ def test_keras_digits_two_workers_of_two_replica_threads_reach_090():
     assert accs[0] == accs[1]
 
 
-@pytest.mark.parametrize("update", ["delta", "sgd"])
-def test_keras_digits_async_three_replica_threads_reach_090(update):
+# Momentum SGD in the box at the example's rate (0.05) is noisy for three
+# pushers, and the final accuracy is wherever training stopped: for 8 epochs
+# on a busy CPU it ended at 0.80-0.87 in 3 of 15 runs here (and once in CI at
+# 0.76, though the last epoch's training accuracy was 0.99). At 0.03 for 10
+# epochs, 22 of 22 runs (12 with a busy CPU) ended at 0.964-0.978.
+@pytest.mark.parametrize("update,extra", [
+    ("delta", ["--epochs=8"]),
+    ("sgd", ["--box_learning_rate=0.03", "--epochs=10"]),
+])
+def test_keras_digits_async_three_replica_threads_reach_090(update, extra):
     p = run_single([os.path.join(REPO, "examples", "keras_digits.py"), "--mode=async",
-                    "--local_replicas=3", f"--update={update}", "--epochs=8"], timeout=600)
+                    "--local_replicas=3", f"--update={update}", *extra], timeout=600)
     assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
     found = [float(m.group(1)) for line in p.stdout.splitlines()
              for m in [re.match(r"test accuracy: ([0-9.]+)", line)] if m]

@@ -6,7 +6,8 @@ bash tools/install.sh --test || exit 1
 # The reference strategy's tests need Horovod (built once, then cached).
 bash tools/install_horovod.sh || exit 1
 VENV=${TF_SMB_VENV:-.venv}
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
+# --durations: the slowest tests, to keep the suite's time in view.
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=25 tests "$@"
 rc=$?
 # pytest exits 5 when it collected no tests: say so and fail loudly.
 if [ "$rc" -eq 5 ]; then
