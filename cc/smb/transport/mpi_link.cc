@@ -650,6 +650,9 @@ bool MpiLink::Receive() {
                              " s, so rank " + std::to_string(status.MPI_SOURCE) +
                              " went on without it (the asynchronous mode survives lost nodes); "
                              "this rank stops");
+    // The others count this rank as gone and will not finalize with it:
+    // MPI_Finalize would wait for them (the exit's whole failed-job wait).
+    peers_lost_ = true;
     Fail(failure);
     return true;
   }
