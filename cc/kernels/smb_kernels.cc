@@ -591,6 +591,25 @@ absl::Status DescribeTensor(const Tensor& t, smb::DType* dtype,
   return absl::OkStatus();
 }
 
+// The op's `consistent` attribute as a read mode.
+absl::Status GetReadMode(OpKernelConstruction* c, smb::ReadMode* mode) {
+  bool consistent;
+  TF_RETURN_IF_ERROR(c->GetAttr("consistent", &consistent));
+  *mode = consistent ? smb::ReadMode::kConsistent : smb::ReadMode::kHogwild;
+  return absl::OkStatus();
+}
+
+// *out = segment `name`'s value (out's dtype and shape must be the segment's).
+absl::Status ReadSegmentInto(smb::SegmentTable* segments, const std::string& name,
+                             smb::ReadMode mode, Tensor* out, double timeout_s, bool bulk) {
+  smb::DType dtype;
+  std::vector<int64_t> shape;
+  TF_RETURN_IF_ERROR(DescribeTensor(*out, &dtype, &shape));
+  return ToTfStatus(segments->Read(name, dtype, shape, mode,
+                                   const_cast<char*>(out->tensor_data().data()), timeout_s,
+                                   bulk));
+}
+
 class SmbSegmentCreateOp : public OpKernel {
  public:
   explicit SmbSegmentCreateOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -620,25 +639,18 @@ class SmbSegmentReadOp : public OpKernel {
   explicit SmbSegmentReadOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("segment", &name_));
     OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
-    bool consistent;
-    OP_REQUIRES_OK(c, c->GetAttr("consistent", &consistent));
-    mode_ = consistent ? smb::ReadMode::kConsistent : smb::ReadMode::kHogwild;
+    OP_REQUIRES_OK(c, GetReadMode(c, &mode_));
   }
   void Compute(OpKernelContext* c) override {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, shape_, &out));
-    smb::DType dtype;
-    std::vector<int64_t> shape;
-    OP_REQUIRES_OK(c, DescribeTensor(*out, &dtype, &shape));
     std::shared_ptr<smb::Communicator> comm;
     smb::SegmentTable* segments = nullptr;
     OP_REQUIRES_OK(c, SmbContext::Get().Segments(&comm, &segments));
     smb::timeline::Scope scope(smb::timeline::kThisProcess, smb::timeline::kSegments,
                                "segment read", "segment");
     if (scope.active()) scope.set_name("segment read " + name_);
-    OP_REQUIRES_OK(c, ToTfStatus(segments->Read(name_, dtype, shape, mode_,
-                                                const_cast<char*>(out->tensor_data().data()),
-                                                comm->timeout_s())));
+    OP_REQUIRES_OK(c, ReadSegmentInto(segments, name_, mode_, out, comm->timeout_s(), false));
   }
 
  private:
@@ -652,9 +664,7 @@ class SmbSegmentsPushReadOp : public OpKernel {
   explicit SmbSegmentsPushReadOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("segments", &names_));
     OP_REQUIRES_OK(c, c->GetAttr("read", &read_));
-    bool consistent;
-    OP_REQUIRES_OK(c, c->GetAttr("consistent", &consistent));
-    mode_ = consistent ? smb::ReadMode::kConsistent : smb::ReadMode::kHogwild;
+    OP_REQUIRES_OK(c, GetReadMode(c, &mode_));
   }
 
   void Compute(OpKernelContext* c) override {
@@ -742,12 +752,7 @@ class SmbSegmentsPushReadOp : public OpKernel {
     if (delta != nullptr) {
       TF_RETURN_IF_ERROR(Push(names_[i], *delta, segments, timeout_s, &target, bulk));
     } else {
-      smb::DType dtype;
-      std::vector<int64_t> shape;
-      TF_RETURN_IF_ERROR(DescribeTensor(target, &dtype, &shape));
-      TF_RETURN_IF_ERROR(ToTfStatus(segments->Read(
-          names_[i], dtype, shape, mode_, const_cast<char*>(target.tensor_data().data()),
-          timeout_s, bulk)));
+      TF_RETURN_IF_ERROR(ReadSegmentInto(segments, names_[i], mode_, &target, timeout_s, bulk));
     }
     *w = target;
     return absl::OkStatus();
