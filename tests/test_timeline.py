@@ -3,50 +3,24 @@ steps, collectives (and their phases), segment reads/pushes and clock waits
 (cc/smb/timeline.h, tf_smb/timeline.py); nothing at all when it is off."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from harness import REPO, WORKERS, base_env, run_launcher, run_ranks
+from sanitized import SANITIZERS, build_and_run
 
 WORKER = os.path.join(WORKERS, "timeline_worker.py")
-CORE_SOURCES = sorted(
-    os.path.join(root, f) for root, _, files in os.walk(os.path.join(REPO, "cc", "smb"))
-    for f in files if f.endswith(".cc"))
-SANITIZERS = {
-    "thread": (["-fsanitize=thread", "-Wno-tsan"], {"TSAN_OPTIONS": "halt_on_error=1"}),
-    "address": (["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-                 "-fno-sanitize-recover=undefined"],
-                {"ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1"}),
-}
-REPORTS = ("WARNING: ThreadSanitizer", "ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
-           "runtime error:")
 
 
 @pytest.mark.parametrize("sanitizer", sorted(SANITIZERS))
 def test_recorder_while_ranks_run_collectives_under_sanitizer(sanitizer, tmp_path):
     # cc/tests/timeline_test.cc: 3 ranks as threads run scheduled collectives
     # and clock ticks while other threads record and flush; then the merge.
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.fail("g++ is needed to build the C++ tests (tools/install.sh installs it)")
-    flags, env = SANITIZERS[sanitizer]
-    binary = str(tmp_path / f"timeline_test_{sanitizer}")
-    build = subprocess.run(
-        [cxx, "-std=c++17", "-O1", "-g", *flags, "-I", REPO,
-         os.path.join(REPO, "cc", "tests", "timeline_test.cc"), *CORE_SOURCES,
-         "-lpthread", "-lrt", "-o", binary],
-        capture_output=True, text=True, timeout=900)
-    assert build.returncode == 0, build.stderr[-5000:]
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    run = subprocess.run([binary, str(out_dir)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, **env})
-    output = run.stdout + run.stderr
-    assert run.returncode == 0 and not any(r in output for r in REPORTS), output[-8000:]
-    assert "all checks passed" in run.stdout, output[-3000:]
+    build_and_run("timeline_test", sanitizer, str(tmp_path), [str(out_dir)])
     with open(out_dir / "sub" / "trace.json") as f:
         assert json.load(f)["otherData"]["final"] is True
 
