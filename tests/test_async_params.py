@@ -15,7 +15,7 @@ ENV = {"TEST_TIMEOUT": "60"}
 def _results():
     """Both workers, all scenarios in one process start each."""
     return [r.check().json() for r in run_ranks(
-        [WORKER, "order,sgd_args,names"], 2, timeout=300, env=ENV)]
+        [WORKER, "order,sgd_args,names,loads"], 2, timeout=300, env=ENV)]
 
 
 def test_workers_creating_variables_in_different_order_all_fail_naming_both():
@@ -69,3 +69,26 @@ def test_segments_are_named_by_variable_path_alike_on_every_worker():
     long = r["long"]
     assert len(long.encode()) <= 100 and long.endswith("layer_layer_kernel"), long
     assert "~" in long, long
+
+
+def _check_loads(results):
+    for r in results:
+        assert r["loads_initial"] != [1.5, 1.5], r
+        assert r["after_set_weights"] == [1.5, 1.5], r
+        assert r["after_load_weights"] == [2.5, 2.5], r
+        assert r["after_load_model"] == [3.5, 3.5], r
+        assert r["after_fit"] == [2.5, 2.5], r
+
+
+def test_weights_loaded_or_set_outside_training_reach_the_box():
+    # Before the hooks the box kept the initial values and the next step read
+    # them over what was loaded: a fit at learning rate 0 ended at the initial
+    # weights.
+    _check_loads(_results())
+
+
+def test_weights_loaded_or_set_with_local_replicas_reach_the_box_once():
+    # With local replicas an assignment pushed every worker's change: before,
+    # the box held initial + 2 * (loaded - initial).
+    _check_loads([r.check().json() for r in run_ranks(
+        [WORKER, "loads", "--local_replicas", "2"], 2, timeout=300, env=ENV)])

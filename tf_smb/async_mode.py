@@ -22,7 +22,7 @@ import dataclasses
 import hashlib
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -333,7 +333,10 @@ class AsyncEngine:
         and a gradient step, see `sgd_step_arguments`), or `apply_locally()`
         runs the worker's own update and its change goes into the box: at the
         end of the step `run_step` runs (with the others' in one op), or at
-        once outside one. Returns what `extended.update` returns."""
+        once outside one; within `local_assignments` only locally. Returns
+        what `extended.update` returns."""
+        if getattr(self._local, "assigning_locally", 0):
+            return apply_locally()
         param = self._segments[var.ref()]
         step = sgd_step_arguments(args) if self._config.update == "sgd" else None
         if step is not None:
@@ -358,6 +361,17 @@ class AsyncEngine:
             pushes = step_updates.pushes
             pushes[var.ref()] = pushes[var.ref()] + delta if var.ref() in pushes else delta
         return result
+
+    @contextlib.contextmanager
+    def local_assignments(self) -> Iterator[None]:
+        """Within it, this thread's updates of box-held variables change the
+        worker's copies only, not the box: for weights set from outside
+        training (a file loaded), which the caller then writes into the box."""
+        self._local.assigning_locally = getattr(self._local, "assigning_locally", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.assigning_locally -= 1
 
     def finish(self) -> None:
         """This worker is done training: waits for the other live workers,

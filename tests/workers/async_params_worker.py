@@ -124,13 +124,60 @@ def scenario_names(strategy, a):
             "dup": names(dup), "long": names([long])[0]}
 
 
+def scenario_loads(strategy, a):
+    """Weights set outside training reach the box (rank 0's, then a barrier):
+    Model.set_weights, Model.load_weights and keras.saving.load_model under
+    the scope; then a fit at learning rate 0 keeps the loaded weights."""
+    import tempfile
+    directory = tempfile.mkdtemp(prefix=f"loads{strategy.rank}_")
+
+    def make(name):
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")], name=name)
+
+    def plain_file(value, suffix):
+        # Written by a model of no strategy: each worker its own file.
+        plain = make("plain")
+        plain.set_weights([w * 0 + value for w in plain.get_weights()])
+        path = os.path.join(directory, "w" + suffix)
+        if suffix == ".keras":
+            plain.save(path)
+        else:
+            plain.save_weights(path)
+        return path
+
+    def box(model):
+        # The placed tf.Variable: with local replicas inside an AggregatingVariable.
+        placed = [getattr(v._value, "get", lambda v=v: v._value)()  # pylint: disable=protected-access
+                  for v in model.trainable_variables]
+        return [float(_box_value(strategy, v).flat[0]) for v in placed]
+
+    with strategy.scope():
+        model = make("loaded")
+    result = {"loads_initial": box(model)}
+    model.set_weights([w * 0 + 1.5 for w in model.get_weights()])
+    result["after_set_weights"] = box(model)
+    model.load_weights(plain_file(2.5, ".weights.h5"))
+    result["after_load_weights"] = box(model)
+    saved = plain_file(3.5, ".keras")
+    with strategy.scope():
+        loaded = keras.models.load_model(saved)
+    result["after_load_model"] = box(loaded)
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.0), loss="mse")
+    x = tf.ones([16, 3])
+    model.fit(x, tf.zeros([16, 2]), batch_size=4, epochs=1, verbose=0)
+    result["after_fit"] = [float(v.numpy().flat[0]) for v in model.trainable_variables]
+    return result
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenarios", help="scenarios separated by commas")
     p.add_argument("--read_at", default="start")
+    p.add_argument("--local_replicas", type=int, default=1)
     a = p.parse_args()
     keras.utils.set_random_seed(7)
     strategy = tf_smb.SMBStrategy(mode="async", update="sgd", read_at=a.read_at,
+                                  local_replicas=a.local_replicas,
                                   timeout_s=float(os.environ.get("TEST_TIMEOUT", "60")))
     result = {"rank": strategy.rank, "size": strategy.size}
     for scenario in a.scenarios.split(","):

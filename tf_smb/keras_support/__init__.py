@@ -11,8 +11,9 @@ behaves exactly as without tf_smb.
   callbacks.py  TensorBoard and BackupAndRestore: rank 0 writes, all restore
   optimizer.py  clipping of the summed gradient; loss-scale skips decided together
   saving.py  rank 0 alone writes model files
+  weights.py async: weights loaded or set outside training go into the box
 
-`install()` puts the fit, data, saving and callback hooks in place (once per
+`install()` puts the fit, data, saving, weight and callback hooks in place (once per
 process); each hook then asks the model's own strategy whether to act.
 """
 from tf_smb.keras_support.fit import (building_model, in_eval_phase, install_async_hooks,

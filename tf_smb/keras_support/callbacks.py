@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Optional
 
 from tf_smb.keras_support import _owner
 from tf_smb.keras_support import saving
+from tf_smb.keras_support import weights
 
 _HOOKED = False
 _told_tensorboard = threading.Event()
@@ -157,23 +158,6 @@ def _restore(cb: Any, original_load: Callable[[Any], None]) -> None:
         cb._weights_path, cb._training_metadata_path = keras_paths  # pylint: disable=protected-access
 
 
-def _write_values_into_box(strategy: Any, model: Any) -> None:
-    """Async SMB: makes this worker's values of the model's box-held
-    variables the box's master copies (rank 0, after loading a backup)."""
-    from tf_smb import ops as smb_ops  # pylint: disable=import-outside-toplevel
-    box_params = strategy.extended._box_segments  # pylint: disable=protected-access
-    # Keras variables wrap the tf.Variable the strategy created (and placed).
-    variables = [getattr(v, "_value", v) for v in model.trainable_variables]
-    placed = [v for v in variables if v.ref() in box_params]
-    if variables and not placed:
-        raise RuntimeError(
-            "tf_smb: none of the model's trainable variables has a master copy in "
-            "the box, so the restored values cannot be placed there")
-    for variable in placed:
-        smb_ops.segment_create(variable.read_value(), box_params[variable.ref()].name,
-                             write=True)
-
-
 def _check_same_epoch(cb: Any, strategy: Any) -> None:
     """Fails on a worker that restored another epoch than rank 0 (a backup
     dir that not every worker can read, e.g. on a node-local disk)."""
@@ -241,11 +225,13 @@ def _hook_backup_and_restore(cls: Any) -> None:
         # No worker writes or deletes here: the previous fit ended with a
         # barrier after rank 0's deletion, and rank 0 writes only after the
         # barrier below, once every worker has read.
-        _restore(self, original_load)
+        with weights.publishing_deferred(strategy):  # published below, after the epoch check
+            _restore(self, original_load)
         _check_same_epoch(self, strategy)
-        if _is_async(strategy) and strategy.rank == 0:
-            _write_values_into_box(strategy, self.model)
-        strategy.barrier()  # every worker read; the box holds what was read
+        if _is_async(strategy):
+            weights.publish(strategy, self.model)  # the box holds what was read
+        else:
+            strategy.barrier()  # every worker read
         return None
 
     @functools.wraps(original_save)
