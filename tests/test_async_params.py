@@ -75,6 +75,7 @@ def _check_loads(results):
     for r in results:
         assert r["loads_initial"] != [1.5, 1.5], r
         assert r["after_set_weights"] == [1.5, 1.5], r
+        assert r["after_layer_set_weights"] == [4.5, 4.5], r
         assert r["after_load_weights"] == [2.5, 2.5], r
         assert r["after_load_model"] == [3.5, 3.5], r
         assert r["after_fit"] == [2.5, 2.5], r

@@ -183,6 +183,8 @@ class SMBStrategy(DataParallelStrategy):
         else:
             extended = DataParallelExtended(self, job, collectives, async_engine=engine)
         self._setup(job, extended, gradient_clipping)
+        if engine is not None:
+            keras_support.note_async_strategy(self)  # for layers' set_weights
 
     @property
     def mode(self) -> Mode:

@@ -125,9 +125,10 @@ def scenario_names(strategy, a):
 
 
 def scenario_loads(strategy, a):
-    """Weights set outside training reach the box (rank 0's, then a barrier):
-    Model.set_weights, Model.load_weights and keras.saving.load_model under
-    the scope; then a fit at learning rate 0 keeps the loaded weights."""
+    """Weights set outside training reach the box (rank 0's, between
+    barriers): Model.set_weights, a layer's set_weights, Model.load_weights
+    and keras.saving.load_model under the scope; then a fit at learning
+    rate 0 keeps the loaded weights."""
     import tempfile
     directory = tempfile.mkdtemp(prefix=f"loads{strategy.rank}_")
 
@@ -156,6 +157,9 @@ def scenario_loads(strategy, a):
     result = {"loads_initial": box(model)}
     model.set_weights([w * 0 + 1.5 for w in model.get_weights()])
     result["after_set_weights"] = box(model)
+    layer = model.get_layer("d")
+    layer.set_weights([w * 0 + 4.5 for w in layer.get_weights()])
+    result["after_layer_set_weights"] = box(model)
     model.load_weights(plain_file(2.5, ".weights.h5"))
     result["after_load_weights"] = box(model)
     saved = plain_file(3.5, ".keras")

@@ -5,7 +5,11 @@ process exactly as Keras made it.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import weakref
+from typing import Any, Iterable, Optional
+
+# Async SMB strategies of 2+ workers, for objects that do not record theirs (layers).
+_ASYNC_STRATEGIES: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def multi_worker_strategy(model: Any) -> Optional[Any]:
@@ -32,3 +36,21 @@ def broadcast_int(strategy: Any, value: int) -> int:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     collectives = strategy.extended._collectives  # pylint: disable=protected-access
     return int(collectives.broadcast([tf.constant(value, tf.int64)], root=0)[0])
+
+
+def note_async_strategy(strategy: Any) -> None:
+    """Remembers an SMBStrategy(mode="async") of 2+ workers (weakly), for
+    `async_strategy_holding`."""
+    _ASYNC_STRATEGIES.add(strategy)
+
+
+def async_strategy_holding(variables: Iterable[Any]) -> Optional[Any]:
+    """The async strategy whose box holds any of these (placed) tf.Variables."""
+    if not _ASYNC_STRATEGIES:  # every layer's set_weights asks: most processes have none
+        return None
+    refs = [v.ref() for v in variables]
+    for strategy in list(_ASYNC_STRATEGIES):
+        segments = strategy.extended._box_segments  # pylint: disable=protected-access
+        if any(r in segments for r in refs):
+            return strategy
+    return None

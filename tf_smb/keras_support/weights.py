@@ -3,11 +3,11 @@
 In SMBStrategy(mode="async") the box holds every trainable variable's master
 copy and each training step reads it into the worker's variables, so a value
 assigned to a local variable alone would be overwritten at the next step.
-`Model.load_weights`, `Model.set_weights` and `keras.saving.load_model` (of a
-model made under the strategy's scope) therefore end with rank 0's values
-written into the box between two barriers (`publish`): every worker calls
-them, as every worker builds the model, and none steps before the box holds
-the new values. (With local replicas an assignment outside a step would
+`Model.load_weights`, `Layer.set_weights` (a model's or a layer's) and
+`keras.saving.load_model` (of a model made under the strategy's scope) end
+with rank 0's values written into the box between two barriers (`publish`):
+every worker calls them, as every worker builds the model, and none steps
+before the box holds the new values. (With local replicas an assignment outside a step would
 push each worker's change at once: within these calls it does not.)
 BackupAndRestore publishes after its own checks (callbacks.py).
 """
@@ -71,10 +71,13 @@ def publishing_deferred(strategy: Optional[Any] = None) -> Iterator[None]:
 
 
 def _async_strategy(model: Any) -> Optional[Any]:
+    """The async strategy a model was made under, or (a layer records none)
+    whose box holds the layer's variables; else None."""
     strategy = _owner.multi_worker_strategy(model)
-    if strategy is None or getattr(strategy, "mode", "sync") != "async":
-        return None
-    return strategy
+    if strategy is None:
+        return _owner.async_strategy_holding(
+            _placed_variable(v) for v in model.trainable_variables)
+    return strategy if getattr(strategy, "mode", "sync") == "async" else None
 
 
 def publish(strategy: Any, model: Any) -> None:
@@ -91,8 +94,10 @@ def _publishes_after(method: Callable[..., Any]) -> Callable[..., Any]:
     """`model.method(...)`, then (outermost call, async strategy) publish."""
     @functools.wraps(method)
     def hook(model, *args, **kwargs):
+        if getattr(_state, "depth", 0):
+            return method(model, *args, **kwargs)
         strategy = _async_strategy(model)
-        if strategy is None or getattr(_state, "depth", 0):
+        if strategy is None:
             return method(model, *args, **kwargs)
         with publishing_deferred(strategy):
             result = method(model, *args, **kwargs)
@@ -126,8 +131,8 @@ def install_weight_hooks() -> None:
     import keras  # pylint: disable=import-outside-toplevel
     from keras.src.saving import saving_api  # pylint: disable=import-outside-toplevel
 
-    for name in ("load_weights", "set_weights"):
-        setattr(keras.Model, name, _publishes_after(getattr(keras.Model, name)))
+    keras.Model.load_weights = _publishes_after(keras.Model.load_weights)
+    keras.Layer.set_weights = _publishes_after(keras.Layer.set_weights)  # models' too
     # The function behind keras.saving.load_model and its public names.
     original = saving_api.load_model
     hooked = _publishes_loaded(original)
