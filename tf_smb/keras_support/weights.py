@@ -7,9 +7,10 @@ assigned to a local variable alone would be overwritten at the next step.
 `keras.saving.load_model` (of a model made under the strategy's scope) end
 with rank 0's values written into the box between two barriers (`publish`):
 every worker calls them, as every worker builds the model, and none steps
-before the box holds the new values. (With local replicas an assignment outside a step would
-push each worker's change at once: within these calls it does not.)
-BackupAndRestore publishes after its own checks (callbacks.py).
+before the box holds the new values. (With local replicas an assignment
+outside a step would push each worker's change at once: within these calls
+it does not.) BackupAndRestore publishes after its own checks (callbacks.py);
+EarlyStopping(restore_best_weights=True) restores through set_weights.
 """
 from __future__ import annotations
 
