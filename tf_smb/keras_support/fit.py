@@ -14,6 +14,12 @@ from tf_smb.keras_support import data as data_lib
 _phase = threading.local()
 
 
+def in_async_fit() -> bool:
+    """Whether this thread is inside `fit` of a model of an async multi-worker
+    strategy (its callbacks run there)."""
+    return getattr(_phase, "async_fit", None) is not None
+
+
 def in_eval_phase() -> bool:
     """True inside model.evaluate or model.predict of an async SMB model."""
     return getattr(_phase, "eval_depth", 0) > 0

@@ -9,8 +9,11 @@ with rank 0's values written into the box between two barriers (`publish`):
 every worker calls them, as every worker builds the model, and none steps
 before the box holds the new values. (With local replicas an assignment
 outside a step would push each worker's change at once: within these calls
-it does not.) BackupAndRestore publishes after its own checks (callbacks.py);
-EarlyStopping(restore_best_weights=True) restores through set_weights.
+it does not.) BackupAndRestore publishes after its own checks (callbacks.py).
+Calls made during an async `fit` (by callbacks, e.g. EarlyStopping's
+restore_best_weights) change the worker's copies only: async workers reach
+them at their own times (each has its own epoch metrics), so a barrier there
+could keep one waiting for another's remaining epochs.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import threading
 from typing import Any, Callable, Iterator, Optional
 
 from tf_smb.keras_support import _owner
+from tf_smb.keras_support import fit as fit_lib
 
 _HOOKED = False
 _state = threading.local()  # depth: weight-setting calls this thread is inside
@@ -102,7 +106,8 @@ def _publishes_after(method: Callable[..., Any]) -> Callable[..., Any]:
             return method(model, *args, **kwargs)
         with publishing_deferred(strategy):
             result = method(model, *args, **kwargs)
-        publish(strategy, model)
+        if not fit_lib.in_async_fit():
+            publish(strategy, model)
         return result
     return hook
 
@@ -117,7 +122,7 @@ def _publishes_loaded(load: Callable[..., Any]) -> Callable[..., Any]:
         with publishing_deferred(tf.distribute.get_strategy()):  # the scope's
             model = load(*args, **kwargs)
         strategy = _async_strategy(model)
-        if strategy is not None:
+        if strategy is not None and not fit_lib.in_async_fit():
             publish(strategy, model)
         return model
     return hook
