@@ -12,8 +12,8 @@ outside a step would push each worker's change at once: within these calls
 it does not.) BackupAndRestore publishes after its own checks (callbacks.py).
 Calls made during an async `fit` (by callbacks, e.g. EarlyStopping's
 restore_best_weights) change the worker's copies only: async workers reach
-them at their own times (each has its own epoch metrics), so a barrier there
-could keep one waiting for another's remaining epochs.
+them at their own times, and not necessarily all of them (a callback may act
+on one worker's numbers), so a barrier there could wait for nothing.
 """
 from __future__ import annotations
 
