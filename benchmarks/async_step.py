@@ -25,12 +25,13 @@ the momentum buffers, and the sync all-reduce's result buffers): the workers run
 `python -m tf_smb.run --heap-bytes=H`, H the launcher's default heap
 (tf_smb._box.DEFAULT_HEAP_BYTES, sparse) or what the model needs if that is more.
 
-Part 2, time to accuracy: `python -m tf_smb.run -np 2 python examples/keras_digits.py`
-with --mode=sync, --mode=async and --mode=async --update=sgd, and the reference
+Part 2, time to accuracy: `python -m tf_smb.run -np 2 python -m
+benchmarks.digits_curve` (examples/keras_digits.py with rank 0's accuracy curve) with
+--mode=sync, --mode=async and --mode=async --update=sgd, and the reference
 `mpirun -np 2 ... --strategy=horovod`, each `--repeats` times: the wall time of the whole
 run, rank 0's printed `test accuracy`, and the training seconds until rank 0's weights
 first reach `--target_accuracy` on the test set, taken after every `--tta_curve_every`
-of rank 0's batches and at every epoch's end (keras_digits --accuracy_curve; medians).
+of rank 0's batches and at every epoch's end (digits_curve's --accuracy_curve; medians).
 `accuracy.png` plots test accuracy against training seconds.
 
     python -m benchmarks.async_step                     # full run (from the checkout)
@@ -52,14 +53,14 @@ import os
 import pathlib
 import re
 import statistics
-import sys
 import time
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from absl import app, flags
 
 from benchmarks import common
-from benchmarks.common import MODELS, REPO_ROOT
+from benchmarks.common import MODELS
+from benchmarks import processes
 from benchmarks.processes import commands, role_argv, run_processes, subprocess_env
 from benchmarks.report import (Failure, error_tail, fmt, markdown, pooled_median_ms, ratio,
                                report_failure, write_csv)
@@ -70,7 +71,8 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 FLAGS = flags.FLAGS
 
-DIGITS = REPO_ROOT / "examples" / "keras_digits.py"
+# examples/keras_digits.py with rank 0's accuracy curve (benchmarks/digits_curve.py).
+DIGITS_CURVE = [*processes.python(), "-m", "benchmarks.digits_curve"]
 FULL_MODELS, SMOKE_MODELS = "mlp,resnet50,vgg16", "tiny_mlp"
 # Per-step kinds of part 1 (benchmarks/roles/async_steps.py): name -> table column.
 COMM_MODES = {"sync": "sync all-reduce ms", "push": "async read+push ms",
@@ -147,7 +149,7 @@ def seconds_to(curve: Sequence[dict], target: float) -> Optional[float]:
 def run_tta(mode: str, epochs: Optional[int], curve_path: pathlib.Path,
             failures: List[Failure]) -> Optional[TtaRun]:
     """One keras_digits run (tf_smb.run; Horovod: mpirun) with rank 0's accuracy curve."""
-    argv = [sys.executable, str(DIGITS), *TTA_MODES[mode], f"--accuracy_curve={curve_path}",
+    argv = [*DIGITS_CURVE, *TTA_MODES[mode], f"--accuracy_curve={curve_path}",
             f"--accuracy_curve_every={FLAGS.tta_curve_every}"]
     if epochs is not None:
         argv.append(f"--epochs={epochs}")
@@ -258,8 +260,9 @@ def run_driver(models: List[str], worlds: List[int], modes: List[str],
                                    fmt(r[4], ".3f")] for r in tta_rows])
         points = (f"point (after every {FLAGS.tta_curve_every} of its batches, and every "
                   f"epoch end)" if FLAGS.tta_curve_every else "epoch end")
-        note = (f"`python -m tf_smb.run -np {FLAGS.tta_workers} python examples/keras_digits.py"
-                f" --mode=...` (Horovod-MPI: `mpirun -np {FLAGS.tta_workers} ... "
+        note = (f"`python -m tf_smb.run -np {FLAGS.tta_workers} python -m "
+                f"benchmarks.digits_curve --mode=...` (Horovod-MPI: "
+                f"`mpirun -np {FLAGS.tta_workers} ... "
                 f"--strategy=horovod`), epochs {epochs if epochs is not None else 'its default (15)'};"
                 f" wall s = the whole run (start-up included), test accuracy = rank 0's; "
                 f"{to_target} = rank 0's training time (from the start of `fit`) at the "

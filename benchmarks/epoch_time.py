@@ -15,7 +15,7 @@ benchmarks/roles/fit.py (synthetic data, SGD with momentum, loss only, no XLA):
               what the epoch boundary costs without either of tf_smb's measures;
   horovod_mpi `--workers` processes of tf_smb.HorovodStrategy under mpirun: the reference,
               through tf_smb's machinery, so its iterators go to the releaser too.
-(MultiWorkerMirroredStrategy cannot run Keras 3's `fit`, see the README's suite.)
+(MultiWorkerMirroredStrategy cannot run Keras 3's `fit`, see docs/benchmarks.md.)
 
 Per job: the epoch's wall time (the slowest rank's), the median over the epochs after
 the first (which traces the step function); the median step time (slowest rank); and

@@ -57,6 +57,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import common
+from benchmarks import processes
 from benchmarks.processes import commands, run_processes, subprocess_env
 from benchmarks.report import Failure, error_line, error_tail, fmt, markdown, report_failure
 from benchmarks.roles.fit import build_fit_model, epoch_timer, fit_data
@@ -178,7 +179,7 @@ def fit_worker(config: str, replicas: int, model: str, epochs: int, batch: int,
 
 def worker_argv(config: str, replicas: int, model: str, epochs: int, batch: int,
                 samples: int) -> List[str]:
-    return [sys.executable, "-m", "benchmarks.local_replicas", f"--worker={config}",
+    return [*processes.python(), "-m", "benchmarks.local_replicas", f"--worker={config}",
             f"--replicas={replicas}", f"--models={model}", f"--epochs={epochs}",
             f"--batch={batch}", f"--samples={samples}"]
 

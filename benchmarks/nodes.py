@@ -57,6 +57,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import common
 from benchmarks.processes import role_argv, run_processes, subprocess_env
+
+
+def node_role_argv(role: str, *args: str) -> List[str]:
+    """A role run inside a simulated node: its own interpreter, never a fork server
+    of this node (whose forks would run in this node's namespaces)."""
+    return role_argv(role, *args, local=False)
 from benchmarks.report import Cell, error_excerpt, failure_reason, fmt, markdown, ratio, write_csv
 from benchmarks.strategies import availability
 
@@ -148,10 +154,10 @@ def measure_link(nodes: simnodes.SimulatedNodes, env: Dict[str, str], seconds: f
     """One stream node 0 -> node 1 (with 200 round trips first), then one each way at
     once: {"one_way_gbit", "both_ways_gbit" (the slower direction), "rtt_us"}."""
     def pair(src: int, dst: int, p: int, pings: int):
-        server = nodes.start(dst, role_argv("nodes_link", "serve", "--bind",
+        server = nodes.start(dst, node_role_argv("nodes_link", "serve", "--bind",
                                             nodes.addresses[dst], "--port", str(p),
                                             "--pings", str(pings), "--wait", "60"), env)
-        client = nodes.start(src, role_argv("nodes_link", "send", "--to", nodes.addresses[dst],
+        client = nodes.start(src, node_role_argv("nodes_link", "send", "--to", nodes.addresses[dst],
                                             "--port", str(p), "--pings", str(pings),
                                             "--seconds", str(seconds), "--wait", "60"), env)
         return server, client
@@ -543,7 +549,7 @@ def run(args: argparse.Namespace) -> int:
                     cells = {(m, strategy): Cell(None, "unavailable: " + unavailable[strategy])
                              for m in models}
                 elif strategy == "mwms":
-                    job = run_mwms(nodes, role_argv("nodes_comm", "--kind=mwms", *steps, *iface),
+                    job = run_mwms(nodes, node_role_argv("nodes_comm", "--kind=mwms", *steps, *iface),
                                    dict(env, **job_env), args.timeout, port)
                     port += 10
                     cells = comm_cells(strategy, job, models)
@@ -553,7 +559,7 @@ def run(args: argparse.Namespace) -> int:
                     e = dict(job_env)
                     if strategy == "horovod_hier":
                         e["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
-                    job = run_mpirun(nodes, role_argv("nodes_comm", f"--kind={kind}", *steps,
+                    job = run_mpirun(nodes, node_role_argv("nodes_comm", f"--kind={kind}", *steps,
                                                       *iface, *extra, *fit_args), e,
                                      args.timeout)
                     cells = comm_cells(strategy, job, models)

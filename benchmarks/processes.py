@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -20,6 +21,16 @@ from tf_smb import supervisor
 Command = Tuple[List[str], Dict[str, str]]
 LAUNCHES = ("tf_smb.run", "mpirun", "horovodrun", "mwms", "single")
 STOP_GRACE_S = 10.0  # lets tf_smb.run, mpirun and horovodrun stop their own workers
+# The command that starts a worker's Python on this node (default: this interpreter).
+# The tests point it at their preload fork server's client (tests/preload.py), which
+# starts workers with TensorFlow already imported.
+PYTHON_VAR = "TF_SMB_BENCH_PYTHON"
+
+
+def python() -> List[str]:
+    """How workers started on this node run Python: $TF_SMB_BENCH_PYTHON, split
+    as a shell would, else this interpreter."""
+    return shlex.split(os.environ.get(PYTHON_VAR, "")) or [sys.executable]
 
 
 def subprocess_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
@@ -29,9 +40,10 @@ def subprocess_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
         "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", **(extra or {})})
 
 
-def role_argv(role: str, *args: str) -> List[str]:
-    """`python -m benchmarks.roles.ROLE args...`."""
-    return [sys.executable, "-m", f"benchmarks.roles.{role}", *args]
+def role_argv(role: str, *args: str, local: bool = True) -> List[str]:
+    """`python -m benchmarks.roles.ROLE args...`; `local=False` for a command run in
+    another node (this interpreter's path, never `python()`'s command)."""
+    return [*(python() if local else [sys.executable]), "-m", f"benchmarks.roles.{role}", *args]
 
 
 def free_ports(n: int) -> List[int]:
@@ -66,7 +78,7 @@ def commands(launch: str, world: int, argv: List[str], env: Dict[str, str],
     """The commands that run `argv` as `world` workers under `launch` (see LAUNCHES);
     `launcher_args` go to tf_smb.run (e.g. --heap-bytes)."""
     if launch == "tf_smb.run":
-        return [([sys.executable, "-m", "tf_smb.run", "-np", str(world), *launcher_args,
+        return [([*python(), "-m", "tf_smb.run", "-np", str(world), *launcher_args,
                   *argv], env)]
     if launch == "mpirun":
         return [([*mpirun_prefix(world), *argv], env)]

@@ -25,18 +25,13 @@ Single process, without tf_smb:
 
 `--batch_size` is the GLOBAL batch size (summed over all workers).
 `--save_path=/tmp/digits.keras` saves the trained model, from rank 0 only.
-`--accuracy_curve=/tmp/curve.json`: rank 0's test accuracy after every epoch
-against training time (benchmarks/async_step.py plots it); with
-`--accuracy_curve_every=N` also after every N-th of rank 0's training batches.
 """
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import sys
-import time
-from typing import NamedTuple, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence
 
 # oneDNN's CPU Conv2D mishandles an empty batch, which a worker gets whenever a
 # final partial batch has fewer examples than there are workers (e.g. -np 3).
@@ -175,67 +170,12 @@ def worker_rank(strategy: tf.distribute.Strategy) -> int:
     return getattr(strategy, "rank", 0)
 
 
-class AccuracyCurve(keras.callbacks.Callback):
-    """Test accuracy against training time: keeps the weights and the seconds
-    since training began at every epoch's end (and, with `every` > 0, after
-    every `every`-th training batch); `write` then evaluates each copy on the
-    test set with a plain (strategy-free) network, so that the evaluations
-    take no training time and need no other worker. Taking a copy does take
-    training time (rank 0's, counted in its seconds): `write` prints the sum."""
-
-    def __init__(self, every: int = 0) -> None:
-        super().__init__()
-        self._every = every
-        self._epoch = 1
-        self._start = 0.0
-        self._batches = 0      # training batches since training began
-        self._record_s = 0.0   # time spent taking copies
-        self._points: list = []  # (the curve's point without its accuracy, weights)
-
-    def _record(self, epoch: int, epoch_end: bool) -> None:
-        begin = time.perf_counter()
-        point = {"epoch": epoch, "batches": self._batches, "epoch_end": epoch_end,
-                 "train_s": begin - self._start}
-        self._points.append((point, self.model.get_weights()))
-        self._record_s += time.perf_counter() - begin
-
-    def on_train_begin(self, logs=None) -> None:
-        self._start = time.perf_counter()
-
-    def on_epoch_begin(self, epoch, logs=None) -> None:
-        self._epoch = epoch + 1
-
-    def on_train_batch_end(self, batch, logs=None) -> None:
-        self._batches += 1
-        if self._every and self._batches % self._every == 0:
-            self._record(self._epoch, epoch_end=False)
-
-    def on_epoch_end(self, epoch, logs=None) -> None:
-        last = self._points[-1][0] if self._points else None
-        if last is not None and last["batches"] == self._batches:
-            last["epoch_end"] = True  # the epoch's last batch was just taken
-        else:
-            self._record(epoch + 1, epoch_end=True)
-
-    def write(self, path: str, data: Digits) -> None:
-        """Writes [{"epoch", "batches", "epoch_end", "train_s", "test_accuracy"},
-        ...] as JSON to `path` (epoch: the epoch the point was taken in, from
-        1; batches: rank 0's training batches so far)."""
-        with tf.distribute.get_strategy().scope():  # the default strategy: no workers
-            network = build_network()
-            network.compile(metrics=["accuracy"],
-                            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        curve = []
-        for point, weights in self._points:
-            network.set_weights(weights)
-            result = network.evaluate(data.x_test, data.y_test, verbose=0, return_dict=True)
-            curve.append({**point, "test_accuracy": float(result["accuracy"])})
-        pathlib.Path(path).write_text(json.dumps(curve))
-        print(f"accuracy curve: {len(curve)} points, {self._record_s:.4f} s of training "
-              f"time spent taking them")
-
-
-def main(argv: Sequence[str]) -> None:
+def main(argv: Sequence[str],
+         callbacks_for_rank: Optional[Callable[[int], List[keras.callbacks.Callback]]] = None
+         ) -> None:
+    """Trains, evaluates and (with --save_path) saves. `callbacks_for_rank(rank)`, if
+    given, returns extra callbacks for this worker's `fit` (benchmarks/digits_curve.py
+    adds one)."""
     del argv  # Unused.
     # Same seed everywhere before any weights exist: identical initial models.
     keras.utils.set_random_seed(FLAGS.seed)
@@ -257,29 +197,25 @@ def main(argv: Sequence[str]) -> None:
                .batch(FLAGS.batch_size))
 
     # shuffle=False: the dataset shuffles itself (Keras would ignore, and warn).
-    curve = (AccuracyCurve(FLAGS.accuracy_curve_every)
-             if FLAGS.accuracy_curve and rank == 0 else None)
+    callbacks = callbacks_for_rank(rank) if callbacks_for_rank else None
     model.fit(train_ds, epochs=FLAGS.epochs, shuffle=False, verbose=2 if rank == 0 else 0,
-              callbacks=[curve] if curve else None)
+              callbacks=callbacks or None)
     results = model.evaluate(test_ds, verbose=0, return_dict=True)
     print(f"test loss: {results['loss']:.4f}")
     print(f"test accuracy: {results['accuracy']:.4f}")
 
-    if curve is not None:
-        curve.write(FLAGS.accuracy_curve, data)
     if FLAGS.save_path and rank == 0:
         model.save(FLAGS.save_path)  # Keras 3 wants a .keras (or .h5) file name.
         print(f"saved model to {FLAGS.save_path}")
 
 
-if __name__ == "__main__":
+def define_flags() -> None:
+    """This script's flags: the common ones and --save_path."""
     define_common_flags()
     flags.DEFINE_string("save_path", None,
                         "If set, rank 0 saves the trained model here (e.g. /tmp/digits.keras).")
-    flags.DEFINE_string("accuracy_curve", None,
-                        "If set, rank 0 writes here (JSON) the test accuracy of its weights "
-                        "at every epoch's end and the training seconds until then.")
-    flags.DEFINE_integer("accuracy_curve_every", 0,
-                         "With --accuracy_curve: also a point after every this many of "
-                         "rank 0's training batches (0: epoch ends only).", lower_bound=0)
+
+
+if __name__ == "__main__":
+    define_flags()
     app.run(main)

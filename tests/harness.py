@@ -4,9 +4,11 @@ The processes are started and watched by tf_smb.supervisor, with its worker
 environment (tf_smb.supervisor.worker_env)."""
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -17,13 +19,36 @@ WORKERS = os.path.join(REPO, "tests", "workers")
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 from tf_smb import env as env_lib, supervisor  # noqa: E402
+import preload  # noqa: E402
+
+_server: Optional[preload.Server] = None
+FRESH_VAR = "TF_SMB_TEST_FRESH"  # =1: every worker a fresh interpreter, no fork server
+
+
+def python() -> List[str]:
+    """How tests start `python`: a client of the preload fork server (TensorFlow and
+    Keras imported once, tests/preload.py), started on first use; the plain
+    interpreter when TF_SMB_TEST_FRESH=1."""
+    global _server
+    if os.environ.get(FRESH_VAR) == "1":
+        return [sys.executable]
+    if _server is None:
+        _server = preload.Server(env=supervisor.worker_env(
+            pythonpath=[REPO], overrides={"TF_CPP_MIN_LOG_LEVEL": "2"}))
+        atexit.register(_server.close)
+        os.environ[preload.SOCKET_VAR] = _server.path
+    return [sys.executable, "-S", preload.CLIENT]
 
 
 def base_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """This environment for a test process: no launcher variables, the checkout on
-    PYTHONPATH, quiet TensorFlow, unbuffered output; then `extra`."""
+    PYTHONPATH, quiet TensorFlow, unbuffered output, the preload server's socket
+    (started here if need be); then `extra`."""
+    bench_python = shlex.join(python())  # benchmarks start their workers with it too
     return supervisor.worker_env(pythonpath=[REPO],
-                                 overrides={"TF_CPP_MIN_LOG_LEVEL": "2", **(extra or {})})
+                                 overrides={"TF_CPP_MIN_LOG_LEVEL": "2",
+                                            "TF_SMB_BENCH_PYTHON": bench_python,
+                                            **(extra or {})})
 
 
 @dataclasses.dataclass
@@ -68,7 +93,7 @@ def run_ranks(args: Sequence[str], world: int, timeout: float,
         e = supervisor.worker_env(base_env(), rank=rank, size=world, job_id=job,
                                   overrides={**(env or {}),
                                              **(per_rank_env[rank] if per_rank_env else {})})
-        commands.append(([sys.executable, *args], e))
+        commands.append(([*python(), *args], e))
     outcome, results = _run(commands, timeout)
     if outcome.running:
         raise AssertionError(f"rank {outcome.running[0]} did not finish within {timeout}s")
@@ -84,18 +109,19 @@ def _run_one(argv: Sequence[str], timeout: float, env: Dict[str, str],
 
 
 def run_single(args: Sequence[str], timeout: float,
-               env: Optional[Dict[str, str]] = None) -> Result:
-    """Runs one process with no launcher variables at all."""
+               env: Optional[Dict[str, str]] = None, fresh: bool = False) -> Result:
+    """Runs one process with no launcher variables at all; `fresh`: a new
+    interpreter, not a fork of the preload server (for what `import` itself does)."""
     e = {k: v for k, v in base_env(env).items() if k not in env_lib.LAUNCHER_VARS}
-    return _run_one([sys.executable, *args], timeout, e)
+    return _run_one([*([sys.executable] if fresh else python()), *args], timeout, e)
 
 
 def run_launcher(np_: int, args: Sequence[str], timeout: float,
                  env: Optional[Dict[str, str]] = None,
                  launcher_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """Runs `python -m tf_smb.run [launcher_args] -np N python args...`."""
-    argv = [sys.executable, "-m", "tf_smb.run", *launcher_args, "-np", str(np_),
-            sys.executable, *args]
+    argv = [*python(), "-m", "tf_smb.run", *launcher_args, "-np", str(np_),
+            *python(), *args]
     r = _run_one(argv, timeout, base_env(env), cwd=REPO)
     return subprocess.CompletedProcess(argv, r.returncode, r.stdout, r.stderr)
 
@@ -112,7 +138,7 @@ def run_mpirun(np_: int, args: Sequence[str], timeout: float, result_dir: str,
     variables: ranks come from Open MPI) and returns each rank's result file."""
     e = {k: v for k, v in base_env(env).items() if not k.startswith("TF_SMB_")}
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_),
-            sys.executable, *args, "--result_dir", result_dir]
+            *python(), *args, "--result_dir", result_dir]
     r = _run_one(argv, timeout, e, cwd=REPO)
     assert r.returncode == 0, f"mpirun exited with {r.returncode}:\n{r.stderr[-4000:]}{r.stdout[-2000:]}"
     results = []
@@ -138,7 +164,7 @@ def max_diff(a, b) -> float:
 def run_python(code: str, timeout: float = 300) -> str:
     """Runs `python -c code` from the repository; fails with its stderr if it
     fails; returns its stdout."""
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    p = subprocess.run([*python(), "-c", code], capture_output=True, text=True,
                        timeout=timeout, cwd=REPO, env=base_env())
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout

@@ -130,7 +130,7 @@ def _check_fit_without_mpi(results, fit_single, library):
 
 def test_import_tf_smb_maps_no_mpi(path_without_mpi):
     for env in ({}, {"PATH": path_without_mpi}):
-        r = run_single([WORKER, "import_only"], timeout=120, env=env).check().json()
+        r = run_single([WORKER, "import_only"], timeout=120, env=env, fresh=True).check().json()
         assert r["mpi_mapped"] == [], f"`import tf_smb` mapped Open MPI ({env}): {r}"
         assert r["op_libraries"] == [] and not r["tensorflow_imported"], r
         if env:

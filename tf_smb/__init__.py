@@ -25,6 +25,7 @@ _LAZY = {
     "size": "tf_smb.ops",
     "JobInfo": "tf_smb.env",
     "detect": "tf_smb.env",
+    "evaluating": "tf_smb.phase",
 }
 
 __all__ = sorted(_LAZY)

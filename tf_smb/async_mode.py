@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import tensorflow as tf
 
 from tf_smb import env as env_lib
-from tf_smb import keras_support
+from tf_smb import phase
 from tf_smb import ops as smb_ops
 from tf_smb.collectives import Collectives
 
@@ -292,7 +292,7 @@ class AsyncEngine:
         current parameters go into the local variables at the step's start,
         or with read_at="push" in that same op at the end of the previous
         training step (`reads_at_step_end`)."""
-        training = not keras_support.in_eval_phase()
+        training = not phase.is_evaluating()
         read_at_end = training and self.reads_at_step_end
         starts = self.start_step(args, kwargs, read=not read_at_end)
         updates = _StepUpdates()
@@ -315,7 +315,7 @@ class AsyncEngine:
         (training only), then, with `read`, the box's current parameters read
         into the local variables. The step's own ops must depend on them."""
         deps: List[Any] = []
-        if not keras_support.in_eval_phase():
+        if not phase.is_evaluating():
             # After the input arrived: the end of an epoch is not a step.
             inputs = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
             with tf.control_dependencies(inputs):

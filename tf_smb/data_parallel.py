@@ -8,6 +8,7 @@ SMBStrategy's asynchronous mode (tf_smb/async_mode.py), which plugs in here.
     class MyStrategy(DataParallelStrategy):
         def __init__(self):
             job = ...                       # env_lib.JobInfo: rank and size
+            keras_support.install_strategy_hooks(job)   # the top layer's part
             self._setup(job, DataParallelExtended(self, job, MyCollectives()))
 
 How it plugs into TensorFlow and Keras 3 (what TF 2.21 / Keras 3.15 call is
@@ -41,7 +42,7 @@ from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import control_flow_util
 
 from tf_smb import env as env_lib
-from tf_smb import keras_support
+from tf_smb import phase
 from tf_smb.collectives import Collectives
 from tf_smb.iterator_release import distributed_dataset, distributed_datasets_from_function
 
@@ -264,7 +265,7 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         if self._engine is not None:
             # Training: each worker takes every size-th batch. Evaluation and
             # prediction: every worker sees all data (no collectives needed).
-            if not keras_support.in_eval_phase():
+            if not phase.is_evaluating():
                 dataset = dataset.shard(self._job.size, self._job.rank)
             return self._distributed(dataset, options)
         if self._job.size == 1:
@@ -416,10 +417,6 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         check_gradient_clipping(gradient_clipping)
         self._job = job
         self._gradient_clipping = gradient_clipping
-        keras_support.install_optimizer_hooks()
-        keras_support.install_build_hook()
-        if job.size > 1:
-            keras_support.saves_on_rank0_only(job.rank)
         # Skip MultiWorkerMirroredStrategy.__init__ (it would set up TF's own
         # collectives and cluster): tf.distribute.Strategy's is all we need.
         tf.distribute.Strategy.__init__(self, extended)  # pylint: disable=non-parent-init-called
@@ -458,7 +455,7 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         """
         one_replica = getattr(self.extended, "local_replicas", 1) == 1
         if (any(isinstance(v, values_lib.PerReplica) for v in tf.nest.flatten(value))
-                and (one_replica or keras_support.building_model())):
+                and (one_replica or phase.is_building_model())):
             return tf.nest.map_structure(
                 lambda v: v.values[0] if isinstance(v, values_lib.PerReplica) else v,
                 value)

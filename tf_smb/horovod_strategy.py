@@ -17,6 +17,7 @@ from typing import Any, List, Sequence
 import tensorflow as tf
 
 from tf_smb import env as env_lib
+from tf_smb import keras_support
 from tf_smb.collectives import Collectives
 from tf_smb.data_parallel import (DataParallelExtended, DataParallelStrategy,
                                   GradientClipping, check_gradient_clipping)
@@ -80,5 +81,6 @@ class HorovodStrategy(DataParallelStrategy):
         hvd.init()
         job = env_lib.JobInfo(rank=hvd.rank(), size=hvd.size(), job_id="horovod",
                               box_created=False, launcher="horovod")
+        keras_support.install_strategy_hooks(job)
         self._setup(job, DataParallelExtended(self, job, HorovodCollectives(hvd)),
                     gradient_clipping)

@@ -54,7 +54,7 @@ from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.distribute import ps_values
 
 from tf_smb import env as env_lib
-from tf_smb import keras_support
+from tf_smb import phase
 from tf_smb import ops as smb_ops
 from tf_smb.iterator_release import distributed_dataset, distributed_datasets_from_function
 from tf_smb.async_mode import AsyncConfig, AsyncEngine, sgd_step_arguments
@@ -223,7 +223,7 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
         # Asynchronous processes evaluate and predict on all the data each
         # (their metrics are their own); in training each takes its share.
         own_share = self._job.size > 1 and not (
-            self._async is not None and keras_support.in_eval_phase())
+            self._async is not None and phase.is_evaluating())
         return distributed_dataset(
             dataset,
             self._input_workers_with_options(options),
@@ -252,7 +252,7 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
         config = self._async
         starts = []
         if (config is not None and config.staleness is not None
-                and not keras_support.in_eval_phase()):
+                and not phase.is_evaluating()):
             # Start once at most `staleness` steps of updates are pending.
             inputs = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
             with tf.control_dependencies(inputs):

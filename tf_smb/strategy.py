@@ -182,6 +182,7 @@ class SMBStrategy(DataParallelStrategy):
                 async_engine=engine)
         else:
             extended = DataParallelExtended(self, job, collectives, async_engine=engine)
+        keras_support.install_strategy_hooks(job)
         self._setup(job, extended, gradient_clipping)
         if engine is not None:
             keras_support.note_async_strategy(self)  # for layers' set_weights

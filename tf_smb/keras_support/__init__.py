@@ -22,10 +22,10 @@ from tf_smb.keras_support.optimizer import install_optimizer_hooks
 from tf_smb.keras_support.saving import saves_on_rank0_only
 from tf_smb.keras_support.callbacks import install_callback_hooks
 from tf_smb.keras_support.fit import install_fit_hooks
-from tf_smb.keras_support.hooks import install
+from tf_smb.keras_support.hooks import install, install_strategy_hooks
 from tf_smb.keras_support.saving import install_saving_hooks
 from tf_smb.keras_support._owner import note_async_strategy
 
 __all__ = ["building_model", "install_build_hook", "in_eval_phase", "install_async_hooks", "install_optimizer_hooks",
-           "saves_on_rank0_only", "install", "install_fit_hooks",
+           "saves_on_rank0_only", "install", "install_strategy_hooks", "install_fit_hooks",
            "install_saving_hooks", "install_callback_hooks", "note_async_strategy"]

@@ -7,10 +7,12 @@ import inspect
 import threading
 from typing import Any, Optional, Tuple
 
+from tf_smb import phase
 from tf_smb.keras_support import _owner
 from tf_smb.keras_support import data as data_lib
 
-# Keras phases: model.evaluate / predict run without training steps.
+# The async fit running in this thread (evaluation and model building are
+# marked in tf_smb.phase, which the engines read).
 _phase = threading.local()
 
 
@@ -21,17 +23,9 @@ def in_async_fit() -> bool:
 
 
 def in_eval_phase() -> bool:
-    """True inside model.evaluate or model.predict of an async SMB model."""
-    return getattr(_phase, "eval_depth", 0) > 0
-
-
-@contextlib.contextmanager
-def _eval_phase():
-    _phase.eval_depth = getattr(_phase, "eval_depth", 0) + 1
-    try:
-        yield
-    finally:
-        _phase.eval_depth -= 1
+    """True inside model.evaluate or model.predict of an async SMB model (or a
+    custom loop's `tf_smb.evaluating()`)."""
+    return phase.is_evaluating()
 
 
 _HOOKED = False
@@ -41,7 +35,7 @@ _BUILD_HOOKED = False
 def building_model() -> bool:
     """True while Keras builds a model from its first data batch (it reduces
     that batch over replicas only to learn its structure)."""
-    return getattr(_phase, "build_depth", 0) > 0
+    return phase.is_building_model()
 
 
 def install_build_hook() -> None:
@@ -54,11 +48,8 @@ def install_build_hook() -> None:
 
     @functools.wraps(build)
     def build_hook(self, *args, **kwargs):
-        _phase.build_depth = getattr(_phase, "build_depth", 0) + 1
-        try:
+        with phase.building_model():
             return build(self, *args, **kwargs)
-        finally:
-            _phase.build_depth -= 1
 
     TensorFlowTrainer._maybe_symbolic_build = build_hook  # pylint: disable=protected-access
     _BUILD_HOOKED = True
@@ -152,7 +143,7 @@ def install_fit_hooks() -> None:
         def hook(self, *args, **kwargs):
             if _async_strategy(self)[0] is None:
                 return method(self, *args, **kwargs)
-            with _eval_phase():
+            with phase.evaluating():
                 return method(self, *args, **kwargs)
         return hook
 
@@ -191,7 +182,7 @@ def _install_epoch_length_hook() -> None:
                 or in_eval_phase()):
             init(self, distribute_strategy, *args, **kwargs)
         elif fitting.training_iterator_made:
-            with _eval_phase():
+            with phase.evaluating():
                 init(self, distribute_strategy, *args, **kwargs)
         else:
             fitting.training_iterator_made = True

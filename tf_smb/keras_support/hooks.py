@@ -1,6 +1,23 @@
 """One call that puts every Keras hook of tf_smb in place."""
 from __future__ import annotations
 
+from typing import Any
+
+
+def install_strategy_hooks(job: Any) -> None:
+    """What every tf_smb strategy of `job` (an env.JobInfo) needs of Keras before
+    it runs: clipping after the sum and loss-scale skips decided together
+    (optimizer.py), the model-build marker (fit.py), and, with 2+ workers,
+    rank 0 alone writing model files (idempotent)."""
+    # pylint: disable=import-outside-toplevel
+    from tf_smb.keras_support.fit import install_build_hook
+    from tf_smb.keras_support.optimizer import install_optimizer_hooks
+    from tf_smb.keras_support.saving import saves_on_rank0_only
+    install_optimizer_hooks()
+    install_build_hook()
+    if job.size > 1:
+        saves_on_rank0_only(job.rank)
+
 
 def install() -> None:
     """Installs the hooks for models of multi-worker tf_smb strategies:
