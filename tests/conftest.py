@@ -10,6 +10,28 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
+# The quick tier (`bash tools/test.sh --quick`, about 5 minutes), for the inner loop:
+# the core and its ops, 2-worker equivalence, one Keras path, one async path, and
+# the structure checks. A file alone takes all its tests.
+QUICK = (
+    "test_core.py",
+    "test_env.py",
+    "test_layers.py",
+    "test_structure.py",
+    "test_strategy.py",
+    "test_keras_optimizer.py::test_clipping_after_sum_equals_one_process_on_global_batch",
+    "test_async.py::test_workers_end_with_the_boxs_final_values",
+    "test_async.py::test_fit_counts_each_workers_own_batches_and_validates_on_all_data",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        file = os.path.basename(str(item.fspath))
+        name = f"{file}::{item.originalname}"
+        if file in QUICK or name in QUICK:
+            item.add_marker(pytest.mark.quick)
+
 
 @pytest.fixture(scope="module")
 def nodes():

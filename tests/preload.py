@@ -80,6 +80,7 @@ def _receive_request(conn: socket.socket) -> Tuple[dict, List[int]]:
 
 def _serve(path: str) -> dict:
     """Accepts requests until told to stop; in a forked child, returns its request."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -151,6 +152,8 @@ def _become_worker(request: dict, base_path: List[str]) -> List[str]:
     os.set_inheritable(lifeline, False)
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True,
                      name="preload-lifeline").start()
+    if request.get("cpus"):  # as the launcher placed the client (tf_smb.run, mpirun bind)
+        os.sched_setaffinity(0, request["cpus"])
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -206,23 +209,33 @@ def supported(args: List[str]) -> bool:
 
 # ----------------------------------------------------------------- the test side
 
+def serve_argv(path: str) -> List[str]:
+    """The command that runs a server on `path` (its directory is made, 0700)."""
+    return [sys.executable, os.path.abspath(__file__), "serve", path]
+
+
+def wait_ready(stdout, timeout_s: float) -> None:
+    """Waits for a starting server's "ready" line on its `stdout` (a text pipe)."""
+    ready, _, _ = select.select([stdout], [], [], timeout_s)
+    line = stdout.readline() if ready else ""
+    if line.strip() != "ready":
+        raise RuntimeError(f"the preload server did not start (got {line!r})")
+
+
 class Server:
     """The fork server as a subprocess of the test session; `env()` points clients at it."""
 
     def __init__(self, env: Optional[Dict[str, str]] = None, timeout_s: float = 300):
-        env = {k: v for k, v in (os.environ if env is None else env).items()
-               if k not in IMPORT_TIME_ENV}
-        env.update((k, v) for k, v in IMPORT_TIME_ENV.items() if v is not None)
+        env = server_env(env)
         self._dir = tempfile.mkdtemp(prefix="tf_smb-preload-")  # 0700
         self.path = os.path.join(self._dir, "socket")
-        self._proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "serve", self.path],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-        ready, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
-        line = self._proc.stdout.readline() if ready else ""
-        if line.strip() != "ready":
+        self._proc = subprocess.Popen(serve_argv(self.path), env=env, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, text=True)
+        try:
+            wait_ready(self._proc.stdout, timeout_s)
+        except RuntimeError:
             self.close()
-            raise RuntimeError(f"the preload server did not start (got {line!r})")
+            raise
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -237,6 +250,14 @@ class Server:
         except OSError:
             pass
         os.rmdir(self._dir)
+
+
+def server_env(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """`env` (default: os.environ) with IMPORT_TIME_ENV's values, for a server."""
+    env = {k: v for k, v in (os.environ if env is None else env).items()
+           if k not in IMPORT_TIME_ENV}
+    env.update((k, v) for k, v in IMPORT_TIME_ENV.items() if v is not None)
+    return env
 
 
 def main() -> None:

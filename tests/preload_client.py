@@ -54,7 +54,8 @@ def main():
     except OSError:
         _exec_python(args)
     env = {k: v for k, v in os.environ.items() if k != SOCKET_VAR}
-    payload = json.dumps({"args": args, "env": env, "cwd": os.getcwd()}).encode()
+    payload = json.dumps({"args": args, "env": env, "cwd": os.getcwd(),
+                          "cpus": sorted(os.sched_getaffinity(0))}).encode()
     lifeline_r, lifeline_w = os.pipe()
     fds = array.array("i", [0, 1, 2, lifeline_r])
     conn.sendmsg([struct.pack("!I", len(payload))],
