@@ -29,6 +29,7 @@ import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import harness
+import preload
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 AGENT = os.path.join(HERE, "simnodes_agent.sh")
@@ -37,6 +38,9 @@ SUBNET = "10.231.7"  # node i has SUBNET.(i+1)/24
 FORWARD = ("PATH", "HOME", "PYTHONPATH", "PYTHONUNBUFFERED", "TF_CPP_MIN_LOG_LEVEL",
            "LD_LIBRARY_PATH")
 TOOLS = ("ip", "unshare", "nsenter", "mpirun")
+# Each node's preload fork server (tests/preload.py), in the node's own /dev/shm: a
+# rank forked by it runs in that node's namespaces.
+NODE_PRELOAD = "/dev/shm/tf_smb-test-preload/socket"
 
 
 class NodesUnavailable(RuntimeError):
@@ -137,6 +141,9 @@ class SimulatedNodes:
         self.holder_pids: List[int] = []
         self.dir = ""
         self._netns_links: List[str] = []
+        self.preload_pids: List[int] = []  # each node's preload server, once started
+        self._preload_servers: List[Running] = []
+        self._preload_failed = False
 
     # --- setup and teardown -------------------------------------------------
 
@@ -192,7 +199,7 @@ class SimulatedNodes:
         """Kills every process in the nodes and the holders, deletes the namespaces
         (so the veth pair and the tmpfs go too) and the temporary folder."""
         self.kill_processes(holders=True)
-        for proc in self.holders:
+        for proc in [s.proc for s in self._preload_servers] + self.holders:
             _killpg(proc.pid)
             try:
                 proc.communicate(timeout=10)
@@ -213,11 +220,41 @@ class SimulatedNodes:
 
     # --- processes in the nodes ---------------------------------------------
 
+    def python(self) -> List[str]:
+        """How ranks in the nodes start Python: a client of their node's preload
+        fork server (TensorFlow imported once; started here on first use), or the
+        plain interpreter with TF_SMB_TEST_FRESH=1 or where a server did not start.
+        Such a rank's worker is the server's child, not the client's: signal it
+        through the client only with signals the client relays (not SIGSTOP)."""
+        if os.environ.get(harness.FRESH_VAR) == "1" or self._preload_failed:
+            return [sys.executable]
+        if not self.preload_pids:
+            env = preload.server_env({k: v for k, v in harness.base_env().items()
+                                      if k != preload.SOCKET_VAR})
+            for node in range(self.count):
+                server = self.start(node, preload.serve_argv(NODE_PRELOAD), env)
+                try:
+                    preload.wait_ready(server.proc.stdout, 120)
+                except RuntimeError:
+                    self._preload_failed = True
+                    self.kill_processes(holders=True, only=[server.proc.pid, *self.preload_pids])
+                    self.preload_pids = []
+                    return [sys.executable]
+                self.preload_pids.append(server.proc.pid)
+                self._preload_servers.append(server)
+        return [sys.executable, "-S", preload.CLIENT]
+
+    def preload_env(self, python: Sequence[str]) -> Dict[str, str]:
+        """What a rank started with `python` (from `python()`) needs in its environment."""
+        return {preload.SOCKET_VAR: NODE_PRELOAD} if preload.CLIENT in python else {}
+
     def processes(self, holders: bool = False) -> List[Tuple[int, str]]:
-        """(pid, cmdline) of every process in the nodes' network namespaces."""
+        """(pid, cmdline) of every process in the nodes' network namespaces; the
+        holders and preload servers only with `holders`."""
         found = []
         for name in os.listdir("/proc"):
-            if not name.isdigit() or (not holders and int(name) in self.holder_pids):
+            if not name.isdigit() or (not holders and (int(name) in self.holder_pids
+                                                       or int(name) in self.preload_pids)):
                 continue
             try:
                 if os.readlink(f"/proc/{name}/ns/net") not in self._netns_links:
@@ -229,13 +266,16 @@ class SimulatedNodes:
             found.append((int(name), cmd))
         return found
 
-    def kill_processes(self, holders: bool = False) -> List[str]:
-        """SIGKILLs every process in the nodes (not the holders unless told) until
-        none is left (10 s at most); "pid cmdline" of those killed."""
+    def kill_processes(self, holders: bool = False,
+                       only: Optional[Sequence[int]] = None) -> List[str]:
+        """SIGKILLs every process in the nodes (not the holders and preload servers
+        unless told; of `only`'s pids, when given) until none is left (10 s at
+        most); "pid cmdline" of those killed."""
         killed: Dict[int, str] = {}
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:
-            found = self.processes(holders)
+            found = [(pid, cmd) for pid, cmd in self.processes(holders)
+                     if only is None or pid in only]
             if not found:
                 break
             for pid, cmd in found:
@@ -366,8 +406,9 @@ def launch_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], ti
     result file, by rank. Fails naming every rank without a result (every rank
     when mpirun failed though all wrote one), with its output."""
     np_ = per_node * nodes.count
-    launch = nodes.mpirun(np_, per_node, [sys.executable, *args, "--result_dir", result_dir],
-                          timeout, env)
+    python = nodes.python()
+    launch = nodes.mpirun(np_, per_node, [*python, *args, "--result_dir", result_dir],
+                          timeout, {**nodes.preload_env(python), **(env or {})})
     results, missing = [], []
     for rank in range(np_):
         path = os.path.join(result_dir, f"rank{rank}.json")

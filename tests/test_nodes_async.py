@@ -42,7 +42,9 @@ def launch_workers(nodes, args, timeout, result_dir):
 
 def launch_script(nodes, args, timeout):
     """mpirun of `python args...` on 2x2; fails showing every rank's output."""
-    launch = nodes.mpirun(WORLD, PER_NODE, [sys.executable, *args], timeout, ENV)
+    python = nodes.python()
+    launch = nodes.mpirun(WORLD, PER_NODE, [*python, *args], timeout,
+                          {**nodes.preload_env(python), **ENV})
     if launch.returncode != 0:
         raise AssertionError(simnodes.describe_failure(launch, list(range(WORLD))))
     return launch
