@@ -15,7 +15,7 @@ ENV = {"TEST_TIMEOUT": "60"}
 def _results():
     """Both workers, all scenarios in one process start each."""
     return [r.check().json() for r in run_ranks(
-        [WORKER, "order,sgd_args,names,loads"], 2, timeout=300, env=ENV)]
+        [WORKER, "order,sgd_args,names,loads,evaluating"], 2, timeout=300, env=ENV)]
 
 
 def test_workers_creating_variables_in_different_order_all_fail_naming_both():
@@ -93,3 +93,9 @@ def test_weights_loaded_or_set_with_local_replicas_reach_the_box_once():
     # the box held initial + 2 * (loaded - initial).
     _check_loads([r.check().json() for r in run_ranks(
         [WORKER, "loads", "--local_replicas", "2"], 2, timeout=300, env=ENV)])
+
+
+def test_a_custom_loop_marks_evaluation_with_tf_smb_evaluating():
+    for r in _results():
+        assert (r["eval_batches"], r["eval_steps"]) == (4, 0), r      # all data, no step
+        assert (r["train_batches"], r["train_steps"]) == (2, 1), r    # every 2nd batch

@@ -178,6 +178,23 @@ def scenario_loads(strategy, a):
     return result
 
 
+def scenario_evaluating(strategy, a):
+    """A custom loop's evaluation, marked with tf_smb.evaluating(): its steps are
+    no training steps, and a dataset distributed in it gives this worker all the
+    data; outside it a worker trains on every size-th batch."""
+    engine = strategy.extended.async_engine
+    data = tf.data.Dataset.range(8).batch(2)  # 4 batches
+    before = int(engine.steps.numpy())
+    with tf_smb.evaluating():
+        eval_batches = sum(1 for _ in strategy.experimental_distribute_dataset(data))
+        strategy.run(lambda: tf.constant(1.0))
+    during = int(engine.steps.numpy())
+    train_batches = sum(1 for _ in strategy.experimental_distribute_dataset(data))
+    strategy.run(lambda: tf.constant(1.0))
+    return {"eval_batches": eval_batches, "eval_steps": during - before,
+            "train_batches": train_batches, "train_steps": int(engine.steps.numpy()) - during}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenarios", help="scenarios separated by commas")

@@ -43,84 +43,78 @@ Status SegmentTable::Create(const std::string& name, DType dtype,
       if (Remote(home) && value != nullptr) KeepCopy(name, value, Bytes(dtype, shape));
     }
   }
-  for (int attempt = 0;; ++attempt) {
-    int home = 0;
-    SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
-    if (!Remote(home)) {
-      Segment segment;
-      SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
-      return write && value != nullptr ? AssignSegment(segment, value) : Status::Ok();
-    }
-    if (!write || value == nullptr) return Status::Ok();  // the writer creates it at home
-    SegmentRequest request;
-    request.kind = SegmentRequest::Kind::kCreate;
-    request.name = name;
-    request.dtype = dtype;
-    request.shape = shape;
-    request.write = true;
-    Status created = link_->CallSegmentServer(home, request, value, Bytes(dtype, shape), nullptr,
-                                              0, timeout_s);
-    if (!RetryAfterLoss(created, attempt)) return created;
-  }
+  const bool writes = write && value != nullptr;
+  return AtHome(
+      name, dtype, shape, timeout_s,
+      [&](const Segment& segment) {
+        return writes ? AssignSegment(segment, value) : Status::Ok();
+      },
+      [&](int home) {
+        if (!writes) return Status::Ok();  // the writer creates it at home
+        SegmentRequest request;
+        request.kind = SegmentRequest::Kind::kCreate;
+        request.name = name;
+        request.dtype = dtype;
+        request.shape = shape;
+        request.write = true;
+        return link_->CallSegmentServer(home, request, value, Bytes(dtype, shape), nullptr, 0,
+                                        timeout_s);
+      });
 }
 
 Status SegmentTable::Read(const std::string& name, DType dtype,
                           const std::vector<int64_t>& shape, ReadMode mode, void* dst,
                           double timeout_s, bool bulk) {
-  for (int attempt = 0;; ++attempt) {
-    int home = 0;
-    SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
-    if (!Remote(home)) {
-      Segment segment;
-      SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
-      return ReadSegment(segment, dst, mode, bulk);
-    }
-    SegmentRequest request;
-    request.kind = SegmentRequest::Kind::kRead;
-    request.name = name;
-    request.dtype = dtype;
-    request.shape = shape;
-    request.consistent = mode == ReadMode::kConsistent;
-    const size_t bytes = Bytes(dtype, shape);
-    Status read = link_->CallSegmentServer(home, request, nullptr, 0, dst, bytes, timeout_s);
-    if (read.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      KeepCopy(name, dst, bytes);
-      return read;
-    }
-    if (!RetryAfterLoss(read, attempt)) return read;
-  }
+  return AtHome(
+      name, dtype, shape, timeout_s,
+      [&](const Segment& segment) { return ReadSegment(segment, dst, mode, bulk); },
+      [&](int home) {
+        SegmentRequest request;
+        request.kind = SegmentRequest::Kind::kRead;
+        request.name = name;
+        request.dtype = dtype;
+        request.shape = shape;
+        request.consistent = mode == ReadMode::kConsistent;
+        const size_t bytes = Bytes(dtype, shape);
+        Status read = link_->CallSegmentServer(home, request, nullptr, 0, dst, bytes, timeout_s);
+        if (read.ok()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          KeepCopy(name, dst, bytes);
+        }
+        return read;
+      });
 }
 
 Status SegmentTable::Update(const std::string& name, DType dtype,
                             const std::vector<int64_t>& shape, const UpdateOptions& options,
                             const void* update, double learning_rate, double timeout_s,
                             void* read_back, bool bulk) {
-  for (int attempt = 0;; ++attempt) {
-    int home = 0;
-    SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
-    if (!Remote(home)) {
-      Segment segment;
-      SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
-      return UpdateLocal(name, segment, options, update, learning_rate, read_back, bulk);
-    }
-    SegmentRequest request;
-    request.kind = SegmentRequest::Kind::kUpdate;
-    request.name = name;
-    request.dtype = dtype;
-    request.shape = shape;
-    request.rule = static_cast<int32_t>(options.rule);
-    request.momentum = options.momentum;
-    request.learning_rate = learning_rate;
-    Status updated = link_->CallSegmentServer(home, request, update, Bytes(dtype, shape),
-                                              nullptr, 0, timeout_s);
-    if (updated.ok() && read_back != nullptr) {
-      // A second call: other ranks' pushes may land in between, as they
-      // may between any push and read.
-      return Read(name, dtype, shape, ReadMode::kConsistent, read_back, timeout_s, bulk);
-    }
-    if (!RetryAfterLoss(updated, attempt)) return updated;
+  bool pushed_remotely = false;
+  Status updated = AtHome(
+      name, dtype, shape, timeout_s,
+      [&](const Segment& segment) {
+        return UpdateLocal(name, segment, options, update, learning_rate, read_back, bulk);
+      },
+      [&](int home) {
+        SegmentRequest request;
+        request.kind = SegmentRequest::Kind::kUpdate;
+        request.name = name;
+        request.dtype = dtype;
+        request.shape = shape;
+        request.rule = static_cast<int32_t>(options.rule);
+        request.momentum = options.momentum;
+        request.learning_rate = learning_rate;
+        Status pushed = link_->CallSegmentServer(home, request, update, Bytes(dtype, shape),
+                                                 nullptr, 0, timeout_s);
+        pushed_remotely = pushed.ok();
+        return pushed;
+      });
+  if (updated.ok() && pushed_remotely && read_back != nullptr) {
+    // A second call, never retried with the push: other ranks' pushes may land
+    // in between, as they may between any push and read.
+    return Read(name, dtype, shape, ReadMode::kConsistent, read_back, timeout_s, bulk);
   }
+  return updated;
 }
 
 bool SegmentTable::RetryAfterLoss(const Status& call, int attempt) const {

@@ -87,6 +87,24 @@ class SegmentTable {
   // Whether a call that ended with `call` on attempt `attempt` goes again.
   bool RetryAfterLoss(const Status& call, int attempt) const;
   static constexpr int kMaxAttempts = 3;
+  // Runs `local(segment)` when the segment's home is this node, else
+  // `remote(home)`, a call to the home's memory server, again while
+  // RetryAfterLoss says so (the home may move to another node meanwhile).
+  template <typename LocalFn, typename RemoteFn>
+  Status AtHome(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                double timeout_s, LocalFn local, RemoteFn remote) {
+    for (int attempt = 0;; ++attempt) {
+      int home = 0;
+      SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
+      if (!Remote(home)) {
+        Segment segment;
+        SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
+        return local(segment);
+      }
+      Status called = remote(home);
+      if (!RetryAfterLoss(called, attempt)) return called;
+    }
+  }
   // Keeps `value` as this rank's last copy of remote segment `name` (mu_ held).
   void KeepCopy(const std::string& name, const void* value, size_t bytes);
   Status UpdateLocal(const std::string& name, const Segment& segment,
