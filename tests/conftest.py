@@ -25,6 +25,29 @@ QUICK = (
 )
 
 
+# The Keras-facing tests, which also run on every tested TensorFlow + Keras pair
+# (`bash tools/test.sh --keras PAIR`, tools/keras_venv.sh): equivalence of fit,
+# evaluate and predict, the Keras features tf_smb hooks, async and replica-thread fit,
+# and the contracts with TensorFlow's and Keras' internals.
+KERAS_FACING = (
+    "test_keras_hooks.py",
+    "test_tf_internals.py",
+    "test_keras_callbacks.py",
+    "test_keras_optimizer.py::test_clipping_after_sum_equals_one_process_on_global_batch",
+    "test_keras_optimizer.py::test_loss_scaling_skips_the_same_step_on_every_rank",
+    "test_strategy.py::test_fit_two_workers_equal_one_process_on_global_batch",
+    "test_strategy.py::test_evaluate_covers_all_data",
+    "test_strategy.py::test_predict_returns_every_row_in_order",
+    "test_strategy.py::test_custom_loop_two_workers_equal_one_process",
+    "test_ordering.py::test_independent_collectives_pair_correctly_20_rounds",
+    "test_ordering.py::test_steps_per_execution_and_gradient_accumulation_equal_one_process",
+    "test_async.py::test_workers_end_with_the_boxs_final_values",
+    "test_async.py::test_fit_counts_each_workers_own_batches_and_validates_on_all_data",
+    "test_async.py::test_a_worker_without_a_batch_finishes_fit",
+    "test_local_replicas.py::test_fit_evaluate_predict_equal_one_process",
+)
+
+
 # The longest files first (measured on 2 cores): tools/test.sh runs files on two
 # pytest-xdist workers (--dist loadfile), which take them in this order, so the
 # long ones do not end the run alone. Files not named keep their order, after these.
@@ -46,6 +69,8 @@ def pytest_collection_modifyitems(config, items):
         name = f"{file}::{item.originalname}"
         if file in QUICK or name in QUICK:
             item.add_marker(pytest.mark.quick)
+        if file in KERAS_FACING or name in KERAS_FACING:
+            item.add_marker(pytest.mark.keras)
 
 
 @pytest.fixture(scope="module")

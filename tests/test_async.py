@@ -6,6 +6,7 @@ import pytest
 from harness import REPO, WORKERS, rank_lines, run_launcher, run_ranks
 
 DIGITS = os.path.join(WORKERS, "digits_async.py")
+PARAMS = os.path.join(WORKERS, "async_params_worker.py")
 
 
 @pytest.mark.parametrize("update", ["delta", "sgd"])
@@ -38,6 +39,21 @@ def test_fit_counts_each_workers_own_batches_and_validates_on_all_data():
         assert res["validated_batches"] == [test_total, test_total], (rank, res)
         assert not [w for w in res["warnings"] if "ran out of data" in w], (rank, res)
     assert sorted(r["trained_batches"][0] for r in results) == [7, 7, 8], results
+
+
+def test_a_worker_without_a_batch_finishes_fit():
+    # 16 rows, batch 32: one batch, rank 0's; rank 1 has none to train on (Keras
+    # takes a model's structure from the first batch: it builds from the data's
+    # spec instead). Both finish fit, evaluate and predict with the box's values.
+    results = [r.check().json() for r in run_ranks(
+        [PARAMS, "no_batch"], 2, timeout=300, env={"TEST_TIMEOUT": "120"})]
+    for kind, steps_so_far in (("arrays", 2), ("dataset", 4)):
+        trained, idle = (r[kind] for r in results)
+        assert trained["epochs"] == 2 and trained["steps"] == steps_so_far, results
+        for res in (trained, idle):
+            assert res["kernel"] == res["box_kernel"], (kind, res)
+            assert res["predicted_rows"] == 16, (kind, res)
+        assert idle["kernel"] == trained["kernel"], (kind, results)
 
 
 @pytest.mark.parametrize("staleness", [0, 2])

@@ -77,6 +77,7 @@ class HorovodStrategy(DataParallelStrategy):
 
     def __init__(self, gradient_clipping: GradientClipping = "after_sum") -> None:
         check_gradient_clipping(gradient_clipping)
+        keras_support.check_hooks()  # a Keras without a hook target stops here, saying why
         hvd = _import_horovod()
         hvd.init()
         job = env_lib.JobInfo(rank=hvd.rank(), size=hvd.size(), job_id="horovod",

@@ -156,6 +156,8 @@ class SMBStrategy(DataParallelStrategy):
             raise ValueError("read_at='push' needs staleness=None and local_replicas=1: a "
                              "step under a staleness bound reads after the clock's wait, "
                              f"got staleness={staleness!r}, local_replicas={local_replicas!r}")
+        # Before the job starts: a Keras without a hook target stops here, saying why.
+        keras_support.check_hooks()
         if local_replicas != 1:
             # Before anything else runs an op: TensorFlow fixes its devices then.
             devices = local_replicas_lib.logical_cpu_devices(local_replicas)

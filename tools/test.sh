@@ -2,18 +2,30 @@
 # Installs what the tests need and runs the whole suite (what CI runs).
 #   bash tools/test.sh            # everything
 #   bash tools/test.sh --quick    # the quick tier (tests/conftest.py's QUICK), ~5 minutes
+#   bash tools/test.sh --keras PAIR   # the Keras-facing tests on one tested TensorFlow +
+#                                     # Keras pair (tf2.16, tf2.19, next: tools/keras_venv.sh)
+#   bash tools/test.sh --keras-next   # the canary: the same on the newest keras-nightly
 #   bash tools/test.sh ARGS...    # extra pytest arguments (e.g. -k NAME, tests/test_x.py)
+# The whole suite (no option) ends with the Keras-facing tests on every other tested
+# pair; TF_SMB_KERAS_PAIRS="" leaves them out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 select=()
-if [ "${1:-}" = "--quick" ]; then
-  shift
-  select=(-m quick)
-fi
+pair=""
+case "${1:-}" in
+  --quick) shift; select=(-m quick) ;;
+  --keras) pair=${2:?"--keras needs a pair: tf2.16, tf2.19 or next"}; shift 2 ;;
+  --keras-next) shift; pair=newest ;;
+esac
 bash tools/install.sh --test || exit 1
-# The reference strategy's tests need Horovod (built once, then cached).
-bash tools/install_horovod.sh || exit 1
 VENV=${TF_SMB_VENV:-.venv}
+if [ -n "$pair" ]; then
+  VENV=$(bash tools/keras_venv.sh "$pair") || exit 1
+  select=(-m keras)
+else
+  # The reference strategy's tests need Horovod (built once, then cached).
+  bash tools/install_horovod.sh || exit 1
+fi
 # Test files run on TF_SMB_TEST_WORKERS pytest-xdist workers (default 2; 1: one
 # process, in order), a file's tests together on one worker (their module fixtures,
 # e.g. simulated nodes, are shared).
@@ -26,6 +38,14 @@ start=$(date +%s)
   "${select[@]}" tests "$@"
 rc=$?
 echo "tools/test.sh: the tests took $(( $(date +%s) - start )) s" >&2
+if [ -z "$pair" ] && [ ${#select[@]} -eq 0 ] && [ $# -eq 0 ]; then
+  for other in ${TF_SMB_KERAS_PAIRS-tf2.16 tf2.19 next}; do
+    echo "tools/test.sh: the Keras-facing tests on $other" >&2
+    bash tools/test.sh --keras "$other"
+    pair_rc=$?
+    [ "$rc" -eq 0 ] && rc=$pair_rc
+  done
+fi
 # pytest exits 5 when it collected no tests: say so and fail loudly.
 if [ "$rc" -eq 5 ]; then
   echo "tools/test.sh: pytest collected no tests" >&2

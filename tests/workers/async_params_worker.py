@@ -195,6 +195,34 @@ def scenario_evaluating(strategy, a):
             "train_batches": train_batches, "train_steps": int(engine.steps.numpy()) - during}
 
 
+def scenario_no_batch(strategy, a):
+    """`fit` on 16 rows with batch 32 (arrays, then a tf.data dataset): one
+    batch, which rank 0 trains on; the others get none. Every worker finishes
+    fit, evaluate and predict, and ends with the box's values."""
+    x = tf.reshape(tf.range(16 * 3, dtype=tf.float32), [16, 3]) / 48.0
+    y = tf.reduce_sum(x, axis=1, keepdims=True)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    out = {}
+    for kind, data in (("arrays", (x.numpy(), y.numpy())),
+                       ("dataset", (tf.data.Dataset.from_tensor_slices((x, y)).batch(32),))):
+        kwargs = {"batch_size": 32} if kind == "arrays" else {}
+        history = model.fit(*data, epochs=2, verbose=0, shuffle=False, **kwargs)
+        kernel = model.layers[0].kernel
+        out[kind] = {
+            "epochs": len(history.history.get("loss", [])),
+            "steps": int(model.optimizer.iterations.numpy()),
+            "kernel": kernel.numpy().ravel().tolist(),
+            "box_kernel": _box_value(strategy, kernel.value if hasattr(kernel, "value")
+                                     else kernel).ravel().tolist(),
+        }
+        strategy.barrier()  # no worker trains the next fit before all have read
+        out[kind]["evaluated"] = float(model.evaluate(*data, verbose=0, **kwargs))
+        out[kind]["predicted_rows"] = int(model.predict(data[0], verbose=0, **kwargs).shape[0])
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenarios", help="scenarios separated by commas")

@@ -27,6 +27,7 @@ import uuid
 from typing import Any, Callable, Dict, Optional
 
 from tf_smb.keras_support import _owner
+from tf_smb.keras_support import registry
 from tf_smb.keras_support import saving
 from tf_smb.keras_support import weights
 
@@ -49,9 +50,10 @@ _TENSORBOARD_EVENTS = (
     "on_test_batch_end", "on_predict_batch_begin", "on_predict_batch_end")
 
 
-def _hook_tensorboard(tensorboard_cls: Any) -> None:
+def _hook_tensorboard() -> None:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    original_set_model = tensorboard_cls.set_model
+    found = registry.locate(registry.TENSORBOARD)
+    tensorboard_cls, original_set_model = found.owner, found.original()
 
     @functools.wraps(original_set_model)
     def set_model(self, model):
@@ -75,10 +77,9 @@ def _hook_tensorboard(tensorboard_cls: Any) -> None:
                             self.log_dir)
         return None
 
-    tensorboard_cls.set_model = set_model
-    for name in _TENSORBOARD_EVENTS:
-        if name in vars(tensorboard_cls):  # those Keras' TensorBoard implements
-            setattr(tensorboard_cls, name, _silent_unless_writer(getattr(tensorboard_cls, name)))
+    found.replace(set_model)
+    for event in registry.defined_methods(registry.TENSORBOARD_EVENTS, _TENSORBOARD_EVENTS):
+        event.replace(_silent_unless_writer(event.original()))
 
 
 def _silent_unless_writer(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -134,7 +135,7 @@ def _restore(cb: Any, original_load: Callable[[Any], None]) -> None:
     double_checkpoint the previous one when that fails to load."""
     meta_path = _metadata_path(cb)
     tries = [meta_path]
-    if cb.double_checkpoint and os.path.exists(meta_path + ".bkp"):
+    if getattr(cb, "double_checkpoint", False) and os.path.exists(meta_path + ".bkp"):
         tries.append(meta_path + ".bkp")
     keras_paths = cb._weights_path, cb._training_metadata_path  # pylint: disable=protected-access
     try:
@@ -186,14 +187,14 @@ def _save_backup(cb: Any) -> None:
     path = os.path.join(directory, name)
     cb.model.save_weights(path, overwrite=True)
     _fsync_file(path)
-    if cb.double_checkpoint and previous is not None:
+    if getattr(cb, "double_checkpoint", False) and previous is not None:
         _write_json_atomically(meta_path + ".bkp", previous)
     _write_json_atomically(meta_path, {
         "epoch": cb._current_epoch,  # pylint: disable=protected-access
         "batch": cb._last_batch_seen,  # pylint: disable=protected-access
         "weights": name})
     keep = {name}
-    if cb.double_checkpoint and previous is not None and "weights" in previous:
+    if getattr(cb, "double_checkpoint", False) and previous is not None and "weights" in previous:
         keep.add(previous["weights"])
     for stale in glob.glob(os.path.join(directory, _WEIGHTS_GLOB)) + glob.glob(
             os.path.join(directory, _TMP_GLOB)):
@@ -213,9 +214,13 @@ def _delete_backup(cb: Any) -> None:
         shutil.rmtree(directory)
 
 
-def _hook_backup_and_restore(cls: Any) -> None:
-    original_begin, original_load = cls.on_train_begin, cls._load_model  # pylint: disable=protected-access
-    original_save, original_end = cls._save_model, cls.on_train_end  # pylint: disable=protected-access
+def _hook_backup_and_restore() -> None:
+    # Keras 3.3 restores in on_train_begin itself: that is then the loader.
+    begin, load, save, end = (registry.locate(h) for h in (
+        registry.BACKUP_BEGIN, registry.BACKUP_RESTORE, registry.BACKUP_SAVE,
+        registry.BACKUP_END))
+    original_begin, original_load = begin.original(), load.original()
+    original_save, original_end = save.original(), end.original()
 
     @functools.wraps(original_begin)
     def on_train_begin(self, logs=None):
@@ -253,9 +258,9 @@ def _hook_backup_and_restore(cls: Any) -> None:
         strategy.barrier()  # no worker's next fit reads a half-deleted backup
         return None
 
-    cls.on_train_begin = on_train_begin
-    cls._save_model = _save_model  # pylint: disable=protected-access
-    cls.on_train_end = on_train_end
+    begin.replace(on_train_begin)
+    save.replace(_save_model)
+    end.replace(on_train_end)
 
 
 def install_callback_hooks() -> None:
@@ -264,6 +269,5 @@ def install_callback_hooks() -> None:
     if _HOOKED:
         return
     _HOOKED = True
-    import keras  # pylint: disable=import-outside-toplevel
-    _hook_tensorboard(keras.callbacks.TensorBoard)
-    _hook_backup_and_restore(keras.callbacks.BackupAndRestore)
+    _hook_tensorboard()
+    _hook_backup_and_restore()

@@ -21,6 +21,8 @@ import functools
 import threading
 from typing import Any, Iterator, Optional
 
+from tf_smb.keras_support import registry
+
 _state = threading.local()
 _HOOKED = False
 
@@ -86,10 +88,9 @@ def install_data_hooks() -> None:
     if _HOOKED:
         return
     _HOOKED = True
-    from keras.src.trainers.data_adapters import array_data_adapter  # pylint: disable=import-outside-toplevel
-
-    adapter_cls = array_data_adapter.ArrayDataAdapter
-    original = adapter_cls.get_tf_dataset
+    registry.locate(registry.ARRAY_SLICING)
+    found = registry.locate(registry.ARRAY_SHUFFLE)
+    original = found.original()
 
     @functools.wraps(original)
     def get_tf_dataset(self):
@@ -98,7 +99,7 @@ def install_data_hooks() -> None:
             return original(self)
         return _agreed_dataset(self, order)
 
-    adapter_cls.get_tf_dataset = get_tf_dataset
+    found.replace(get_tf_dataset)
 
 
 def _agreed_dataset(adapter: Any, order: ShuffleOrder) -> Any:

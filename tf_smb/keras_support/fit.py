@@ -10,6 +10,7 @@ from typing import Any, Optional, Tuple
 from tf_smb import phase
 from tf_smb.keras_support import _owner
 from tf_smb.keras_support import data as data_lib
+from tf_smb.keras_support import registry
 
 # The async fit running in this thread (evaluation and model building are
 # marked in tf_smb.phase, which the engines read).
@@ -39,20 +40,42 @@ def building_model() -> bool:
 
 
 def install_build_hook() -> None:
-    """Marks Keras' build from a data batch (see `building_model`); idempotent."""
+    """Marks Keras' build from a data batch (see `building_model`); idempotent.
+    A Keras that builds no model from a data batch (3.3) needs no mark."""
     global _BUILD_HOOKED
     if _BUILD_HOOKED:
         return
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer  # pylint: disable=import-outside-toplevel
-    build = TensorFlowTrainer._maybe_symbolic_build  # pylint: disable=protected-access
+    found = registry.locate(registry.BUILD_MARKER)
+    _BUILD_HOOKED = True
+    if found is None:
+        return
+    build = found.original()
 
     @functools.wraps(build)
     def build_hook(self, *args, **kwargs):
         with phase.building_model():
-            return build(self, *args, **kwargs)
+            try:
+                return build(self, *args, **kwargs)
+            except StopIteration:
+                # Keras takes the structure from the first batch; an async worker
+                # whose share of the data has none builds from the data's spec.
+                spec = _data_spec(self, kwargs.get("iterator", args[0] if args else None))
+                if spec is None:
+                    raise
+                return build(self, data_batch=spec)
 
-    TensorFlowTrainer._maybe_symbolic_build = build_hook  # pylint: disable=protected-access
-    _BUILD_HOOKED = True
+    found.replace(build_hook)
+
+
+def _data_spec(model: Any, epoch_iterator: Any) -> Optional[Any]:
+    """The structure (tf.TensorSpecs) of `epoch_iterator`'s batches, for a model
+    of an async tf_smb strategy; None otherwise."""
+    if _async_strategy(model)[0] is None or epoch_iterator is None:
+        return None
+    adapter = getattr(epoch_iterator, "data_adapter", None)
+    if adapter is None:
+        return None
+    return adapter.get_tf_dataset().element_spec
 
 
 def _async_strategy(model) -> Tuple[Optional[Any], bool]:
@@ -103,12 +126,12 @@ def install_fit_hooks() -> None:
     if _HOOKED:
         return
     _HOOKED = True
-    import keras  # pylint: disable=import-outside-toplevel
-
     from tf_smb import ops as smb_ops  # pylint: disable=import-outside-toplevel
 
     data_lib.install_data_hooks()
-    fit, evaluate, predict = keras.Model.fit, keras.Model.evaluate, keras.Model.predict
+    fit_at, evaluate_at, predict_at = (registry.locate(h) for h in (
+        registry.FIT, registry.EVALUATE, registry.PREDICT))
+    fit, evaluate, predict = fit_at.original(), evaluate_at.original(), predict_at.original()
 
     @functools.wraps(fit)
     def fit_hook(self, *args, **kwargs):
@@ -147,9 +170,9 @@ def install_fit_hooks() -> None:
                 return method(self, *args, **kwargs)
         return hook
 
-    keras.Model.fit = fit_hook
-    keras.Model.evaluate = eval_hook(evaluate)
-    keras.Model.predict = eval_hook(predict)
+    fit_at.replace(fit_hook)
+    evaluate_at.replace(eval_hook(evaluate))
+    predict_at.replace(eval_hook(predict))
     _install_epoch_length_hook()
 
 
@@ -172,8 +195,8 @@ def _install_epoch_length_hook() -> None:
     Any later one is `fit`'s validation data, which Keras prepares outside
     `evaluate`: it is made as `evaluate` would make it (all the data).
     """
-    from keras.src.backend.tensorflow.trainer import TFEpochIterator  # pylint: disable=import-outside-toplevel
-    init = TFEpochIterator.__init__
+    found = registry.locate(registry.EPOCH_ITERATOR)
+    init = found.original()
 
     @functools.wraps(init)
     def init_hook(self, distribute_strategy=None, *args, **kwargs):
@@ -192,26 +215,42 @@ def _install_epoch_length_hook() -> None:
             if training_batches is not None and not self.steps_per_epoch:
                 _count_own_batches(self, training_batches)
 
-    TFEpochIterator.__init__ = init_hook
+    found.replace(init_hook)
 
 
 def _count_own_batches(epoch_iterator: Any, training_batches: Any) -> None:
     """Makes `epoch_iterator` count this worker's batches, also after the
-    `reset()` with which Keras starts every epoch (it recounts the data's)."""
+    `reset()` with which Keras (3.4+) starts every epoch (it recounts the
+    data's); Keras 3.3 has no `reset()` and counts once."""
     # pylint: disable=protected-access
     def count() -> None:
         data_batches = epoch_iterator.data_adapter.num_batches
         if data_batches:  # None while the data's length is unknown
             epoch_iterator._num_batches = training_batches(data_batches)
+            if epoch_iterator._num_batches == 0:
+                _tell_no_batch(data_batches)
 
-    reset = epoch_iterator.reset
+    reset = getattr(epoch_iterator, "reset", None)
+    if reset is not None:
+        def reset_hook() -> None:
+            reset()
+            count()
 
-    def reset_hook() -> None:
-        reset()
-        count()
-
-    epoch_iterator.reset = reset_hook
+        epoch_iterator.reset = reset_hook
     count()
+
+
+def _tell_no_batch(data_batches: int) -> None:
+    """Says (once per process) why Keras will report that this worker's input
+    ran out of data at once."""
+    if getattr(_tell_no_batch, "told", False):
+        return
+    _tell_no_batch.told = True  # type: ignore[attr-defined]
+    from absl import logging  # pylint: disable=import-outside-toplevel
+    logging.warning(
+        "tf_smb: this asynchronous worker has no batch of the training data to train on "
+        "(%d batch(es) in all, each worker takes every N-th): it takes no step and waits "
+        "for the others; give fit more data or a smaller batch_size", data_batches)
 
 
 def install_async_hooks() -> None:

@@ -3,6 +3,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from tf_smb.keras_support import registry
+
+
+def check_hooks() -> None:
+    """Raises registry.KerasHookMissingError, naming the Keras version, each
+    missing hook and what it provides, when the running Keras lacks any hook
+    in the registry (call it before a strategy starts its job)."""
+    registry.check()
+
 
 def install_strategy_hooks(job: Any) -> None:
     """What every tf_smb strategy of `job` (an env.JobInfo) needs of Keras before
@@ -13,6 +22,7 @@ def install_strategy_hooks(job: Any) -> None:
     from tf_smb.keras_support.fit import install_build_hook
     from tf_smb.keras_support.optimizer import install_optimizer_hooks
     from tf_smb.keras_support.saving import saves_on_rank0_only
+    registry.check()
     install_optimizer_hooks()
     install_build_hook()
     if job.size > 1:
@@ -31,6 +41,7 @@ def install() -> None:
     from tf_smb.keras_support.saving import install_saving_hooks
     from tf_smb.keras_support.timeline import install_timeline_hooks
     from tf_smb.keras_support.weights import install_weight_hooks
+    registry.check()
     install_fit_hooks()
     install_saving_hooks()
     install_callback_hooks()

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import functools
 import threading
-import warnings
 from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
+
+from tf_smb.keras_support import registry
 
 _HOOKED = False
 _local = threading.local()
@@ -80,25 +81,16 @@ def install_optimizer_hooks() -> None:
     global _HOOKED
     if _HOOKED:
         return
-    try:
-        from keras.src.backend.tensorflow.optimizer import TFOptimizer  # pylint: disable=import-outside-toplevel
-        from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        return  # no Keras 3: nothing to hook (tf.compat.v1 / custom optimizers)
-    needed = [(TFOptimizer, "_backend_apply_gradients"), (TFOptimizer, "_clip_gradients"),
-              (TFOptimizer, "_all_reduce_sum_gradients"), (LossScaleOptimizer, "check_finite")]
-    missing = [f"{cls.__name__}.{name}" for cls, name in needed if not hasattr(cls, name)]
-    if missing:
-        warnings.warn(
-            f"tf_smb: this Keras version lacks {missing}; gradient clipping stays "
-            "per worker and LossScaleOptimizer's skip decision stays local.")
-        return
+    if registry.keras_version() == "none":
+        return  # no Keras: nothing to hook (custom loops with their own optimizers)
+    # Missing targets raise (registry.KerasHookMissingError): without them clipping
+    # would act on each worker's part and results would not equal one process.
+    places = [registry.locate(h) for h in (
+        registry.APPLY_GRADIENTS, registry.CLIP_GRADIENTS, registry.SUM_GRADIENTS,
+        registry.LOSS_SCALE_CHECK)]
     _HOOKED = True
-
-    backend_apply_gradients = TFOptimizer._backend_apply_gradients  # pylint: disable=protected-access
-    clip_gradients = TFOptimizer._clip_gradients  # pylint: disable=protected-access
-    all_reduce_sum_gradients = TFOptimizer._all_reduce_sum_gradients  # pylint: disable=protected-access
-    check_finite = LossScaleOptimizer.check_finite
+    backend_apply_gradients, clip_gradients, all_reduce_sum_gradients, check_finite = (
+        found.original() for found in places)
 
     @functools.wraps(backend_apply_gradients)
     def backend_apply_gradients_hook(self, grads, trainable_variables):
@@ -146,7 +138,6 @@ def install_optimizer_hooks() -> None:
         total = strategy.extended.all_reduce(tf.distribute.ReduceOp.SUM, [not_finite])[0]
         return tf.equal(total, 0)
 
-    TFOptimizer._backend_apply_gradients = backend_apply_gradients_hook  # pylint: disable=protected-access
-    TFOptimizer._clip_gradients = clip_gradients_hook  # pylint: disable=protected-access
-    TFOptimizer._all_reduce_sum_gradients = all_reduce_sum_gradients_hook  # pylint: disable=protected-access
-    LossScaleOptimizer.check_finite = check_finite_hook
+    for found, hook in zip(places, (backend_apply_gradients_hook, clip_gradients_hook,
+                                    all_reduce_sum_gradients_hook, check_finite_hook)):
+        found.replace(hook)

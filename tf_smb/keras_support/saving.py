@@ -19,6 +19,7 @@ import threading
 from typing import Any, Callable
 
 from tf_smb.keras_support import _owner
+from tf_smb.keras_support import registry
 
 _HOOKED = False
 _told = threading.Event()
@@ -59,15 +60,15 @@ def install_saving_hooks() -> None:
         return
     _HOOKED = True
     import keras  # pylint: disable=import-outside-toplevel
-    from keras.src.saving import saving_api  # pylint: disable=import-outside-toplevel
 
-    for name in ("save", "save_weights", "export"):
-        setattr(keras.Model, name,
-                _rank0_writes(getattr(keras.Model, name), f"model.{name}"))
+    for hook in (registry.SAVE, registry.SAVE_WEIGHTS, registry.EXPORT):
+        found = registry.locate(hook)
+        found.replace(_rank0_writes(found.original(), f"model.{found.attribute}"))
     # The function behind model.save and its public names.
-    original = saving_api.save_model
+    found = registry.locate(registry.SAVE_MODEL)
+    original = found.original()
     hooked = _rank0_writes(original, "keras.saving.save_model")
-    saving_api.save_model = hooked
+    found.replace(hooked)
     for module in (keras.saving, keras.models):
         if getattr(module, "save_model", None) is original:
             module.save_model = hooked

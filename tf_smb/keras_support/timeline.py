@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 
 from tf_smb import timeline as timeline_lib
 from tf_smb.keras_support import _owner
+from tf_smb.keras_support import registry
 
 _HOOKED = False
 # Training steps this process started, over all its `fit` calls: the steps'
@@ -75,11 +76,10 @@ def install_timeline_hooks() -> None:
     if _HOOKED or not timeline_lib.enabled():
         return
     _HOOKED = True
-    import keras  # pylint: disable=import-outside-toplevel
-
     from tf_smb.keras_support.fit import _with_callback  # pylint: disable=import-outside-toplevel
 
-    fit = keras.Model.fit
+    found = registry.locate(registry.FIT)
+    fit = found.original()
 
     @functools.wraps(fit)
     def fit_with_timeline(self, *args, **kwargs):
@@ -88,4 +88,4 @@ def install_timeline_hooks() -> None:
         with _with_callback(fit, self, args, kwargs, timeline_callback()) as (a, k):
             return fit(self, *a, **k)
 
-    keras.Model.fit = fit_with_timeline
+    found.replace(fit_with_timeline)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from tf_smb.keras_support import _owner
 from tf_smb.keras_support import fit as fit_lib
+from tf_smb.keras_support import registry
 
 _HOOKED = False
 _state = threading.local()  # depth: weight-setting calls this thread is inside
@@ -134,15 +135,14 @@ def install_weight_hooks() -> None:
     if _HOOKED:
         return
     _HOOKED = True
-    import keras  # pylint: disable=import-outside-toplevel
-    from keras.src.saving import saving_api  # pylint: disable=import-outside-toplevel
-
-    keras.Model.load_weights = _publishes_after(keras.Model.load_weights)
-    keras.Layer.set_weights = _publishes_after(keras.Layer.set_weights)  # models' too
+    for hook in (registry.LOAD_WEIGHTS, registry.SET_WEIGHTS):  # set_weights: models' too
+        found = registry.locate(hook)
+        found.replace(_publishes_after(found.original()))
     # The function behind keras.saving.load_model and its public names.
-    original = saving_api.load_model
+    found = registry.locate(registry.LOAD_MODEL)
+    original = found.original()
     hooked = _publishes_loaded(original)
-    saving_api.load_model = hooked
+    found.replace(hooked)
     for module in list(sys.modules.values()):  # keras.saving, keras.models, tf.keras.models
         if (getattr(module, "__name__", "").startswith("keras")
                 and getattr(module, "load_model", None) is original):

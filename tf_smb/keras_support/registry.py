@@ -1,0 +1,282 @@
+"""Every Keras attribute tf_smb hooks, in one place, found by feature detection.
+
+Keras 3 offers no extension point for a few things a drop-in strategy must do
+(see the modules beside this one), so tf_smb wraps a small set of Keras
+functions and methods. Each is a `Hook` here: where it may live (the first place
+that exists wins, so a Keras that renamed a class still works), the instance
+attributes the wrapper relies on, and what the hook gives the user. `check()`
+finds them all before a strategy runs and raises `KerasHookMissingError` naming
+the Keras version, the hook and what it provides, so an unsupported Keras stops
+with the reason before it trains, instead of training with different math.
+tests/test_keras_hooks.py walks the same list on every tested Keras.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+# What the README states as tested (tools/keras_venv.sh builds each pair).
+TESTED = ("TensorFlow 2.16.2 + Keras 3.3.3, TensorFlow 2.19 + Keras 3.10, TensorFlow 2.21 + "
+          "Keras 3.15 and TensorFlow 2.21 + keras-nightly 3.16.0.dev2026102704")
+
+
+class KerasHookMissingError(RuntimeError):
+    """The running Keras lacks something tf_smb must hook; the message says what."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Hook:
+    """One Keras attribute tf_smb replaces by a wrapper.
+
+    Attributes:
+      name: short name, as the error and the tests say it.
+      places: where it may live, "module:Owner.attribute" (a class's) or
+        "module:attribute" (a module's); the first that exists is hooked.
+      provides: what the user gets from it (said when it is missing).
+      reads: instance attributes the wrapper reads or sets on the owner's
+        objects; found in the source of the owner's classes.
+      needed: for a hook only some Keras versions need: returns False when this
+        Keras does not do what the hook corrects (then its absence is fine).
+      called_only: tf_smb calls it (from a hook) but does not replace it.
+    """
+    name: str
+    places: Tuple[str, ...]
+    provides: str
+    reads: Tuple[str, ...] = ()
+    needed: Optional[Callable[[], bool]] = None
+    called_only: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """Where a hook lives in the running Keras."""
+    hook: Hook
+    owner: Any
+    attribute: str
+    place: str
+
+    def original(self) -> Any:
+        """The attribute as Keras (or an earlier hook) left it."""
+        return getattr(self.owner, self.attribute)
+
+    def replace(self, value: Any) -> None:
+        """Puts `value` in the attribute's place."""
+        setattr(self.owner, self.attribute, value)
+
+
+def _tf_trainer_builds_from_a_batch() -> bool:
+    """Whether Keras' TensorFlow trainer builds a model from a data batch it
+    reduces over replicas (`_maybe_symbolic_build`, Keras 3.4+); Keras 3.3
+    builds the model while tracing the first step and reduces no batch."""
+    trainer = importlib.import_module("keras.src.backend.tensorflow.trainer")
+    try:
+        return "symbolic_build" in inspect.getsource(trainer)
+    except (OSError, TypeError):  # no source: assume the newer behaviour
+        return True
+
+
+_TRAINER = "keras.src.backend.tensorflow.trainer"
+_TF_OPTIMIZER = "keras.src.backend.tensorflow.optimizer:TFOptimizer"
+
+BUILD_MARKER = Hook(
+    "build marker",
+    (f"{_TRAINER}:TensorFlowTrainer._maybe_symbolic_build",  # Keras 3.4-3.15
+     f"{_TRAINER}:Trainer._maybe_symbolic_build"),  # keras-nightly 3.16
+    "a model built from its first data batch takes that batch's structure "
+    "without combining it over replicas (local replicas)",
+    needed=_tf_trainer_builds_from_a_batch)
+EPOCH_ITERATOR = Hook(
+    "epoch length", (f"{_TRAINER}:TFEpochIterator.__init__",),
+    "asynchronous fit counts each worker's own batches and validates on all the data",
+    reads=("data_adapter", "_num_batches", "steps_per_epoch"))
+FIT = Hook("fit", ("keras:Model.fit",),
+           "one shuffle order for all workers; asynchronous fit's start and end")
+EVALUATE = Hook("evaluate", ("keras:Model.evaluate",),
+                "asynchronous evaluate reads the box and takes no step")
+PREDICT = Hook("predict", ("keras:Model.predict",),
+               "asynchronous predict reads the box and takes no step")
+ARRAY_SHUFFLE = Hook(
+    "array shuffle",
+    ("keras.src.trainers.data_adapters.array_data_adapter:ArrayDataAdapter.get_tf_dataset",),
+    "arrays shuffled by fit in one order on every worker (each row once per epoch)",
+    reads=("_shuffle", "_batch_size", "_num_samples", "_partial_batch_size", "_inputs"))
+ARRAY_SLICING = Hook(
+    "array slicing",
+    ("keras.src.trainers.data_adapters.array_slicing:convert_to_sliceable",),
+    "arrays shuffled by fit in one order on every worker (their batches)",
+    called_only=True)
+APPLY_GRADIENTS = Hook(
+    "optimizer apply", (f"{_TF_OPTIMIZER}._backend_apply_gradients",),
+    "gradient clipping of the gradient summed over workers (gradient_clipping='after_sum')")
+CLIP_GRADIENTS = Hook(
+    "optimizer clipping", (f"{_TF_OPTIMIZER}._clip_gradients",),
+    "gradient clipping of the gradient summed over workers (gradient_clipping='after_sum')")
+SUM_GRADIENTS = Hook(
+    "optimizer sum", (f"{_TF_OPTIMIZER}._all_reduce_sum_gradients",),
+    "gradients summed exactly once when clipping after the sum")
+LOSS_SCALE_CHECK = Hook(
+    "loss-scale skip",
+    ("keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer.check_finite",),
+    "LossScaleOptimizer skips a step on every worker when any worker's gradients "
+    "are not finite")
+SAVE = Hook("save", ("keras:Model.save",), "rank 0 alone writes model files")
+SAVE_WEIGHTS = Hook("save_weights", ("keras:Model.save_weights",),
+                    "rank 0 alone writes weight files")
+EXPORT = Hook("export", ("keras:Model.export",), "rank 0 alone exports the model")
+SAVE_MODEL = Hook("save_model", ("keras.src.saving.saving_api:save_model",),
+                  "rank 0 alone writes keras.saving.save_model's files")
+LOAD_WEIGHTS = Hook("load_weights", ("keras:Model.load_weights",),
+                    "asynchronous mode: loaded weights become the box's master copies")
+SET_WEIGHTS = Hook("set_weights", ("keras:Layer.set_weights",),
+                   "asynchronous mode: weights set outside training go into the box")
+LOAD_MODEL = Hook("load_model", ("keras.src.saving.saving_api:load_model",),
+                  "asynchronous mode: a loaded model's weights go into the box")
+TENSORBOARD = Hook(
+    "TensorBoard", ("keras.callbacks:TensorBoard.set_model",),
+    "TensorBoard writes from rank 0 only",
+    reads=("log_dir", "_writers"))
+TENSORBOARD_EVENTS = Hook(
+    "TensorBoard events", ("keras.callbacks:TensorBoard.on_epoch_end",),
+    "TensorBoard writes from rank 0 only (its on_* methods do nothing elsewhere)")
+BACKUP_RESTORE = Hook(
+    "BackupAndRestore restore",
+    ("keras.callbacks:BackupAndRestore._load_model",  # Keras 3.5+
+     "keras.callbacks:BackupAndRestore.on_train_begin"),  # Keras 3.3: loads there
+    "BackupAndRestore: every worker restores rank 0's backup",
+    reads=("backup_dir", "_weights_path", "_training_metadata_path"), called_only=True)
+BACKUP_SAVE = Hook(
+    "BackupAndRestore save", ("keras.callbacks:BackupAndRestore._save_model",),
+    "BackupAndRestore: rank 0 writes the backup atomically",
+    reads=("_current_epoch", "_last_batch_seen", "delete_checkpoint"))
+BACKUP_BEGIN = Hook("BackupAndRestore begin", ("keras.callbacks:BackupAndRestore.on_train_begin",),
+                    "BackupAndRestore: every worker restores rank 0's backup")
+BACKUP_END = Hook("BackupAndRestore end", ("keras.callbacks:BackupAndRestore.on_train_end",),
+                  "BackupAndRestore: rank 0 deletes the backup once every worker is done")
+
+HOOKS: Tuple[Hook, ...] = (
+    BUILD_MARKER, EPOCH_ITERATOR, FIT, EVALUATE, PREDICT, ARRAY_SHUFFLE, ARRAY_SLICING,
+    APPLY_GRADIENTS, CLIP_GRADIENTS, SUM_GRADIENTS, LOSS_SCALE_CHECK, SAVE, SAVE_WEIGHTS,
+    EXPORT, SAVE_MODEL, LOAD_WEIGHTS, SET_WEIGHTS, LOAD_MODEL, TENSORBOARD, TENSORBOARD_EVENTS,
+    BACKUP_RESTORE,
+    BACKUP_SAVE, BACKUP_BEGIN, BACKUP_END)
+
+
+def keras_version() -> str:
+    """The running Keras' version ("none" when Keras does not import)."""
+    try:
+        import keras  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return "none"
+    return str(getattr(keras, "__version__", "unknown"))
+
+
+def _at(place: str) -> Optional[Tuple[Any, str]]:
+    """(owner, attribute) for "module:Owner.attribute" or "module:attribute",
+    or None when the module, the owner or the attribute is not there."""
+    module_name, path = place.split(":")
+    try:
+        owner: Any = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    *owners, attribute = path.split(".")
+    for name in owners:
+        owner = getattr(owner, name, None)
+        if owner is None:
+            return None
+    return (owner, attribute) if hasattr(owner, attribute) else None
+
+
+def _source_of(owner: Any) -> str:
+    """The source of a class and its Keras base classes ('' where unreadable)."""
+    texts = []
+    for cls in inspect.getmro(owner) if inspect.isclass(owner) else ():
+        try:
+            texts.append(inspect.getsource(cls))
+        except (OSError, TypeError):
+            pass
+    return "\n".join(texts)
+
+
+def problem(hook: Hook) -> Optional[str]:
+    """Why `hook` cannot be installed on the running Keras, or None."""
+    for place in hook.places:
+        found = _at(place)
+        if found is None:
+            continue
+        source = _source_of(found[0])
+        lacking = [a for a in hook.reads
+                   if source and f".{a}" not in source and not hasattr(found[0], a)]
+        if lacking:
+            return f"{place} is there but no longer has {', '.join(lacking)}"
+        return None
+    if hook.needed is not None and not hook.needed():
+        return None
+    return f"it has no {' or '.join(hook.places)}"
+
+
+def locate(hook: Hook) -> Optional[Found]:
+    """Where `hook` lives in the running Keras; None when this Keras does not
+    need it (see `Hook.needed`).
+
+    Raises:
+      KerasHookMissingError: it is needed and missing.
+    """
+    why = problem(hook)
+    if why is not None:
+        raise KerasHookMissingError(_message([(hook, why)]))
+    for place in hook.places:
+        found = _at(place)
+        if found is not None:
+            return Found(hook, found[0], found[1], place)
+    return None
+
+
+def defined_methods(hook: Hook, names: Tuple[str, ...]) -> List[Found]:
+    """`hook`'s owner's methods among `names` that the owner itself defines
+    (not inherited), e.g. the callback events a Keras callback implements."""
+    found = locate(hook)
+    if found is None:
+        return []
+    owner = found.owner
+    return [Found(hook, owner, name, f"{found.place.split(':')[0]}:{owner.__name__}.{name}")
+            for name in names if name in vars(owner)]
+
+
+def missing(hooks: Tuple[Hook, ...] = HOOKS) -> List[Tuple[Hook, str]]:
+    """The hooks the running Keras cannot take, each with the reason."""
+    out = []
+    for hook in hooks:
+        why = problem(hook)
+        if why is not None:
+            out.append((hook, why))
+    return out
+
+
+_CHECKED: Dict[str, bool] = {}
+
+
+def check() -> None:
+    """Raises KerasHookMissingError naming every hook the running Keras lacks
+    (no Keras at all: nothing to hook, fine for custom loops). Checked once per
+    Keras version and process when it passes."""
+    version = keras_version()
+    if version == "none" or _CHECKED.get(version):
+        return
+    lacking = missing()
+    if lacking:
+        raise KerasHookMissingError(_message(lacking))
+    _CHECKED[version] = True
+
+
+def _message(lacking: List[Tuple[Hook, str]]) -> str:
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    lines = [f"tf_smb does not support Keras {keras_version()} (with TensorFlow "
+             f"{tf.__version__}): it lacks what tf_smb must hook for a drop-in strategy, "
+             "and training without it would not equal one process:"]
+    lines += [f"  - {hook.name}: {why}; it provides: {hook.provides}"
+              for hook, why in lacking]
+    lines.append(f"Tested: {TESTED}. Install one of those (e.g. "
+                 "`pip install 'keras==3.15.*'`), or report this Keras version to tf_smb.")
+    return "\n".join(lines)
