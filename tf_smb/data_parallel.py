@@ -91,6 +91,11 @@ def check_not_in_xla() -> None:
             "tf.function(..., jit_compile=False) for a custom loop.")
 
 
+def _is_symbolic(value: Any) -> bool:
+    """Whether `value` is a graph tensor (an initial value inside a trace)."""
+    return isinstance(value, tf.Tensor) and not hasattr(value, "numpy")
+
+
 def broadcast_initial_value(collectives: Collectives, variable: tf.Variable) -> None:
     """Makes rank 0's initial value of `variable` every worker's."""
     with tf.init_scope():
@@ -241,11 +246,18 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
             local = super()._create_variable(next_creator, **kwargs)
             return values_lib.SyncOnReadVariable(
                 self._container_strategy(), [local], aggregation)
+        traced = self._job.size > 1 and _is_symbolic(kwargs.get("initial_value"))
+        if traced and (self._engine is None or not kwargs.get("trainable", True)):
+            # Made while a tf.function traces (Keras 3.3 builds optimizers and
+            # unbuilt models in the first step): the value exists only when the
+            # function first runs, so rank 0's is broadcast in its initializer.
+            kwargs["initial_value"] = self._collectives.broadcast(
+                [kwargs["initial_value"]], root=0)[0]
         variable = super()._create_variable(next_creator, **kwargs)
         if self._job.size > 1:
             if self._engine is not None and variable.trainable:
                 self._engine.place(variable)
-            else:
+            elif not traced:
                 broadcast_initial_value(self._collectives, variable)
         return variable
 

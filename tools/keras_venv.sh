@@ -15,10 +15,11 @@ PYTHON=${PYTHON:-python3}
 CACHE=${TF_SMB_CACHE:-$HOME/.cache/tf_smb}
 pair=${1:?"usage: tools/keras_venv.sh tf2.16|tf2.19|next|newest"}
 # What every pair's tests need besides TensorFlow and Keras.
-common="numpy absl-py pybind11 setuptools wheel scikit-learn pytest pytest-xdist"
+common="numpy absl-py tensorboard pybind11 setuptools wheel scikit-learn pytest pytest-xdist"
 nightly=""
 case "$pair" in
   tf2.16) tf="tensorflow-cpu==2.16.2"; keras="keras==3.3.3" ;;
+  tf2.16-keras3.10) tf="tensorflow-cpu==2.16.2"; keras="keras==3.10.*" ;;
   tf2.19) tf="tensorflow-cpu==2.19.*"; keras="keras==3.10.*" ;;
   next) tf="tensorflow-cpu==2.21.*"; keras=""; nightly="keras-nightly==3.16.0.dev2026102704" ;;
   newest) tf="tensorflow-cpu==2.21.*"; keras=""; nightly="keras-nightly" ;;

@@ -40,15 +40,12 @@ def building_model() -> bool:
 
 
 def install_build_hook() -> None:
-    """Marks Keras' build from a data batch (see `building_model`); idempotent.
-    A Keras that builds no model from a data batch (3.3) needs no mark."""
+    """Marks Keras' build from a data batch (see `building_model`); idempotent."""
     global _BUILD_HOOKED
     if _BUILD_HOOKED:
         return
     found = registry.locate(registry.BUILD_MARKER)
     _BUILD_HOOKED = True
-    if found is None:
-        return
     build = found.original()
 
     @functools.wraps(build)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 # What the README states as tested (tools/keras_venv.sh builds each pair).
 TESTED = ("TensorFlow 2.16.2 + Keras 3.3.3, TensorFlow 2.19 + Keras 3.10, TensorFlow 2.21 + "
@@ -37,15 +37,12 @@ class Hook:
       provides: what the user gets from it (said when it is missing).
       reads: instance attributes the wrapper reads or sets on the owner's
         objects; found in the source of the owner's classes.
-      needed: for a hook only some Keras versions need: returns False when this
-        Keras does not do what the hook corrects (then its absence is fine).
       called_only: tf_smb calls it (from a hook) but does not replace it.
     """
     name: str
     places: Tuple[str, ...]
     provides: str
     reads: Tuple[str, ...] = ()
-    needed: Optional[Callable[[], bool]] = None
     called_only: bool = False
 
 
@@ -66,17 +63,6 @@ class Found:
         setattr(self.owner, self.attribute, value)
 
 
-def _tf_trainer_builds_from_a_batch() -> bool:
-    """Whether Keras' TensorFlow trainer builds a model from a data batch it
-    reduces over replicas (`_maybe_symbolic_build`, Keras 3.4+); Keras 3.3
-    builds the model while tracing the first step and reduces no batch."""
-    trainer = importlib.import_module("keras.src.backend.tensorflow.trainer")
-    try:
-        return "symbolic_build" in inspect.getsource(trainer)
-    except (OSError, TypeError):  # no source: assume the newer behaviour
-        return True
-
-
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 _TF_OPTIMIZER = "keras.src.backend.tensorflow.optimizer:TFOptimizer"
 
@@ -84,9 +70,10 @@ BUILD_MARKER = Hook(
     "build marker",
     (f"{_TRAINER}:TensorFlowTrainer._maybe_symbolic_build",  # Keras 3.4-3.15
      f"{_TRAINER}:Trainer._maybe_symbolic_build"),  # keras-nightly 3.16
-    "a model built from its first data batch takes that batch's structure "
-    "without combining it over replicas (local replicas)",
-    needed=_tf_trainer_builds_from_a_batch)
+    "models, metrics and optimizers built from the first batch before training "
+    "starts, outside any tf.function (Keras 3.3 builds them in the first step, where "
+    "results do not equal one process), taking that batch's structure without "
+    "combining it over replicas")
 EPOCH_ITERATOR = Hook(
     "epoch length", (f"{_TRAINER}:TFEpochIterator.__init__",),
     "asynchronous fit counts each worker's own batches and validates on all the data",
@@ -142,8 +129,7 @@ TENSORBOARD_EVENTS = Hook(
     "TensorBoard writes from rank 0 only (its on_* methods do nothing elsewhere)")
 BACKUP_RESTORE = Hook(
     "BackupAndRestore restore",
-    ("keras.callbacks:BackupAndRestore._load_model",  # Keras 3.5+
-     "keras.callbacks:BackupAndRestore.on_train_begin"),  # Keras 3.3: loads there
+    ("keras.callbacks:BackupAndRestore._load_model",),
     "BackupAndRestore: every worker restores rank 0's backup",
     reads=("backup_dir", "_weights_path", "_training_metadata_path"), called_only=True)
 BACKUP_SAVE = Hook(
@@ -211,14 +197,11 @@ def problem(hook: Hook) -> Optional[str]:
         if lacking:
             return f"{place} is there but no longer has {', '.join(lacking)}"
         return None
-    if hook.needed is not None and not hook.needed():
-        return None
     return f"it has no {' or '.join(hook.places)}"
 
 
-def locate(hook: Hook) -> Optional[Found]:
-    """Where `hook` lives in the running Keras; None when this Keras does not
-    need it (see `Hook.needed`).
+def locate(hook: Hook) -> Found:
+    """Where `hook` lives in the running Keras.
 
     Raises:
       KerasHookMissingError: it is needed and missing.
@@ -230,15 +213,13 @@ def locate(hook: Hook) -> Optional[Found]:
         found = _at(place)
         if found is not None:
             return Found(hook, found[0], found[1], place)
-    return None
+    raise AssertionError(f"unreachable: {hook.name}")  # problem() found none
 
 
 def defined_methods(hook: Hook, names: Tuple[str, ...]) -> List[Found]:
     """`hook`'s owner's methods among `names` that the owner itself defines
     (not inherited), e.g. the callback events a Keras callback implements."""
     found = locate(hook)
-    if found is None:
-        return []
     owner = found.owner
     return [Found(hook, owner, name, f"{found.place.split(':')[0]}:{owner.__name__}.{name}")
             for name in names if name in vars(owner)]
