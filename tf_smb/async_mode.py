@@ -292,6 +292,10 @@ class AsyncEngine:
         current parameters go into the local variables at the step's start,
         or with read_at="push" in that same op at the end of the previous
         training step (`reads_at_step_end`)."""
+        if not tf.executing_eagerly():
+            # A tf.function step (Keras 3.3's one_step_on_data) traced inline:
+            # its updates' changes are pushed from this graph, which must hold them.
+            fn = getattr(fn, "python_function", fn)
         training = not phase.is_evaluating()
         read_at_end = training and self.reads_at_step_end
         starts = self.start_step(args, kwargs, read=not read_at_end)

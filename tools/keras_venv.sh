@@ -19,7 +19,6 @@ common="numpy absl-py tensorboard pybind11 setuptools wheel scikit-learn pytest 
 nightly=""
 case "$pair" in
   tf2.16) tf="tensorflow-cpu==2.16.2"; keras="keras==3.3.3" ;;
-  tf2.16-keras3.10) tf="tensorflow-cpu==2.16.2"; keras="keras==3.10.*" ;;
   tf2.19) tf="tensorflow-cpu==2.19.*"; keras="keras==3.10.*" ;;
   next) tf="tensorflow-cpu==2.21.*"; keras=""; nightly="keras-nightly==3.16.0.dev2026102704" ;;
   newest) tf="tensorflow-cpu==2.21.*"; keras=""; nightly="keras-nightly" ;;

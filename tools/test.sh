@@ -3,8 +3,7 @@
 #   bash tools/test.sh            # everything
 #   bash tools/test.sh --quick    # the quick tier (tests/conftest.py's QUICK), ~5 minutes
 #   bash tools/test.sh --keras PAIR   # the Keras-facing tests on one tested TensorFlow +
-#                                     # Keras pair (tools/keras_venv.sh: tf2.16-keras3.10,
-#                                     # tf2.19, next; tf2.16: Keras 3.3.3, refused)
+#                                     # Keras pair (tools/keras_venv.sh: tf2.16, tf2.19, next)
 #   bash tools/test.sh --keras-next   # the canary: the same on the newest keras-nightly
 #   bash tools/test.sh ARGS...    # extra pytest arguments (e.g. -k NAME, tests/test_x.py)
 # The whole suite (no option) ends with the Keras-facing tests on every other tested
@@ -21,12 +20,7 @@ esac
 # (The pairs below run after the suite's own install: TF_SMB_INSTALLED=1.)
 [ "${TF_SMB_INSTALLED:-0}" = 1 ] || bash tools/install.sh --test || exit 1
 VENV=${TF_SMB_VENV:-.venv}
-if [ "$pair" = tf2.16 ]; then
-  # Keras 3.3.3 lacks hook targets: tf_smb refuses it, saying why (the test checks that).
-  VENV=$(bash tools/keras_venv.sh "$pair") || exit 1
-  export TF_SMB_TEST_KERAS_REFUSED=1
-  select=(tests/test_keras_hooks.py)
-elif [ -n "$pair" ]; then
+if [ -n "$pair" ]; then
   VENV=$(bash tools/keras_venv.sh "$pair") || exit 1
   select=(-m keras)
 else
@@ -46,7 +40,7 @@ start=$(date +%s)
 rc=$?
 echo "tools/test.sh: the tests took $(( $(date +%s) - start )) s" >&2
 if [ -z "$pair" ] && [ ${#select[@]} -eq 0 ] && [ $# -eq 0 ]; then
-  for other in ${TF_SMB_KERAS_PAIRS-tf2.16 tf2.16-keras3.10 tf2.19 next}; do
+  for other in ${TF_SMB_KERAS_PAIRS-tf2.16 tf2.19 next}; do
     echo "tools/test.sh: the Keras-facing tests on $other" >&2
     TF_SMB_INSTALLED=1 bash tools/test.sh --keras "$other"
     pair_rc=$?

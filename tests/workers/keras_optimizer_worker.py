@@ -98,7 +98,9 @@ def scenario_mixed(strategy, a):
         class Record(keras.callbacks.Callback):
             def on_train_batch_end(self, batch, logs=None):
                 scales.append(float(model.optimizer.dynamic_scale.numpy()))
-                iterations.append(int(model.optimizer.iterations.numpy()))
+                # The inner optimizer's updates (Keras 3.3's LossScaleOptimizer
+                # counts none of its own).
+                iterations.append(int(model.optimizer.inner_optimizer.iterations.numpy()))
 
         model.fit(ds, epochs=1, verbose=0, callbacks=[Record()])
         out[policy] = {"weights": weights(model), "scales": scales, "iterations": iterations,

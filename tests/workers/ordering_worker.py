@@ -109,7 +109,8 @@ def scenario_keras(a):
     strategy = tf_smb.SMBStrategy()
     world = strategy.num_replicas_in_sync
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(96, 6)).astype(np.float32)
+    # 9 batches of 32: at least steps_per_execution of them (Keras 3.3 fails on fewer).
+    x = rng.normal(size=(288, 6)).astype(np.float32)
     y = (x[:, :3].sum(1) > x[:, 3:].sum(1)).astype(np.int32)
     results = {}
     configs = [("spe1", 1, None), ("spe4", 4, None), ("spe7", 7, None), ("accum2", 1, 2)]

@@ -46,6 +46,10 @@ def install_build_hook() -> None:
         return
     found = registry.locate(registry.BUILD_MARKER)
     _BUILD_HOOKED = True
+    if found is None:  # Keras 3.3
+        from tf_smb.keras_support import keras33  # pylint: disable=import-outside-toplevel
+        keras33.install_build_before_first_step(_phase)
+        return
     build = found.original()
 
     @functools.wraps(build)
@@ -239,7 +243,18 @@ def _count_own_batches(epoch_iterator: Any, training_batches: Any) -> None:
 
 def _tell_no_batch(data_batches: int) -> None:
     """Says (once per process) why Keras will report that this worker's input
-    ran out of data at once."""
+    ran out of data at once.
+
+    Raises:
+      ValueError: on Keras 3.3, whose fit fails on an epoch without a step.
+    """
+    from tf_smb.keras_support import keras33  # pylint: disable=import-outside-toplevel
+    if keras33.active():
+        raise ValueError(
+            "tf_smb: this asynchronous worker has no batch of the training data to train "
+            f"on ({data_batches} batch(es) in all, each worker takes every N-th), and "
+            "Keras 3.3's fit cannot run an epoch without a step; give fit more data or a "
+            "smaller batch_size, or use Keras 3.4+")
     if getattr(_tell_no_batch, "told", False):
         return
     _tell_no_batch.told = True  # type: ignore[attr-defined]

@@ -70,8 +70,29 @@ def _sum_over_workers(grads: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tens
     if not present:
         return list(grads)
     summed = iter(tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, present))
+        _gradient_reduce_op(), present))
     return [None if g is None else next(summed) for g in grads]
+
+
+def _gradient_reduce_op() -> tf.distribute.ReduceOp:
+    """How replicas' gradients combine into the global batch's: SUM, as
+    tf.distribute expects (Keras 3.4+ divides each replica's loss by the replica
+    count); MEAN in Keras 3.3's own train step, whose loss is not divided."""
+    from tf_smb.keras_support import keras33  # pylint: disable=import-outside-toplevel
+    if keras33.in_unscaled_train_step():
+        return tf.distribute.ReduceOp.MEAN
+    return tf.distribute.ReduceOp.SUM
+
+
+def _sums_in_merge_call(tf_optimizer: Any) -> bool:
+    """Whether this Keras asks for the gradients' sum inside its merge call (3.3),
+    in cross-replica context, rather than before it (3.4+)."""
+    import inspect  # pylint: disable=import-outside-toplevel
+    update = getattr(tf_optimizer, "_distributed_tf_update_step", None)
+    try:
+        return update is not None and "_all_reduce_sum_gradients" in inspect.getsource(update)
+    except (OSError, TypeError):
+        return False
 
 
 def install_optimizer_hooks() -> None:
@@ -86,29 +107,32 @@ def install_optimizer_hooks() -> None:
     # Missing targets raise (registry.KerasHookMissingError): without them clipping
     # would act on each worker's part and results would not equal one process.
     places = [registry.locate(h) for h in (
-        registry.APPLY_GRADIENTS, registry.CLIP_GRADIENTS, registry.SUM_GRADIENTS,
-        registry.LOSS_SCALE_CHECK)]
+        registry.OPTIMIZER_APPLY, registry.APPLY_GRADIENTS, registry.CLIP_GRADIENTS,
+        registry.SUM_GRADIENTS, registry.LOSS_SCALE_CHECK)]
     _HOOKED = True
-    backend_apply_gradients, clip_gradients, all_reduce_sum_gradients, check_finite = (
+    apply, backend_apply_gradients, clip_gradients, all_reduce_sum_gradients, check_finite = (
         found.original() for found in places)
+    sums_in_merge_call = _sums_in_merge_call(places[1].owner)
 
-    @functools.wraps(backend_apply_gradients)
-    def backend_apply_gradients_hook(self, grads, trainable_variables):
-        if not _clips_after_sum(self):
-            return backend_apply_gradients(self, grads, trainable_variables)
-        # The state lives for this call only: a sum made by the clipping hook
-        # pairs with the one all-reduce Keras makes later in the same branch
-        # (both run in the update branch of the accumulation cond, if any).
-        states = _states()
-        outer = states.get(id(self))
-        states[id(self)] = _ApplyState()
-        try:
-            return backend_apply_gradients(self, grads, trainable_variables)
-        finally:
-            if outer is None:
+    def with_apply_state(method):
+        # The state lives for the outermost of these calls: a sum made by the
+        # clipping hook pairs with the one all-reduce Keras makes later in the
+        # same call (Keras 3.4+ clips in _backend_apply_gradients, in the update
+        # branch of the accumulation cond if any; Keras 3.3 in apply, before it).
+        @functools.wraps(method)
+        def hook(self, *args, **kwargs):
+            states = _states()
+            if not _clips_after_sum(self) or id(self) in states:
+                return method(self, *args, **kwargs)
+            states[id(self)] = _ApplyState()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
                 del states[id(self)]
-            else:
-                states[id(self)] = outer
+        return hook
+
+    apply_hook = with_apply_state(apply)
+    backend_apply_gradients_hook = with_apply_state(backend_apply_gradients)
 
     @functools.wraps(clip_gradients)
     def clip_gradients_hook(self, grads):
@@ -124,6 +148,16 @@ def install_optimizer_hooks() -> None:
         if state is not None and state.summed:
             state.summed -= 1
             return list(grads_and_vars)  # summed before clipping already
+        strategy = _tf_smb_strategy(self)
+        if (sums_in_merge_call and strategy is not None
+                and tf.distribute.get_replica_context() is None):
+            # Keras 3.3 asks for the sum inside the merge call, where its own code
+            # sums nothing (it needs a replica context): the strategy sums.
+            grads_and_vars = list(grads_and_vars)
+            present = [(g, v) for g, v in grads_and_vars if g is not None]
+            summed = iter(strategy.extended.batch_reduce_to(
+                _gradient_reduce_op(), present) if present else [])
+            return [(g if g is None else next(summed), v) for g, v in grads_and_vars]
         return all_reduce_sum_gradients(self, grads_and_vars)
 
     @functools.wraps(check_finite)
@@ -138,6 +172,6 @@ def install_optimizer_hooks() -> None:
         total = strategy.extended.all_reduce(tf.distribute.ReduceOp.SUM, [not_finite])[0]
         return tf.equal(total, 0)
 
-    for found, hook in zip(places, (backend_apply_gradients_hook, clip_gradients_hook,
+    for found, hook in zip(places, (apply_hook, backend_apply_gradients_hook, clip_gradients_hook,
                                     all_reduce_sum_gradients_hook, check_finite_hook)):
         found.replace(hook)

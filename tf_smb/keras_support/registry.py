@@ -38,12 +38,15 @@ class Hook:
       reads: instance attributes the wrapper reads or sets on the owner's
         objects; found in the source of the owner's classes.
       called_only: tf_smb calls it (from a hook) but does not replace it.
+      instead: where none of `places` exists, these hooks together give the
+        same result (a fallback for older Keras); `locate` then returns None.
     """
     name: str
     places: Tuple[str, ...]
     provides: str
     reads: Tuple[str, ...] = ()
     called_only: bool = False
+    instead: Tuple["Hook", ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,14 +69,36 @@ class Found:
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 _TF_OPTIMIZER = "keras.src.backend.tensorflow.optimizer:TFOptimizer"
 
+# Keras 3.3 builds models, metrics and optimizers inside the first step's trace;
+# tf_smb then builds them itself before that step, from the data's structure.
+_BUILT_BEFORE = ("models, metrics and optimizers built from the data's structure before "
+                 "the first step, outside any tf.function, as Keras 3.4+ does")
+SYMBOLIC_BUILD = Hook("symbolic build", ("keras.src.trainers.trainer:Trainer._symbolic_build",),
+                      _BUILT_BEFORE, called_only=True)
+MAKE_TRAIN_FUNCTION = Hook(
+    "make_train_function", (f"{_TRAINER}:TensorFlowTrainer.make_train_function",), _BUILT_BEFORE)
+MAKE_TEST_FUNCTION = Hook(
+    "make_test_function", (f"{_TRAINER}:TensorFlowTrainer.make_test_function",), _BUILT_BEFORE)
+TRAIN_STEP = Hook(
+    "train step", (f"{_TRAINER}:TensorFlowTrainer.train_step",),
+    "gradients of Keras 3.3's undivided loss averaged, not summed, over workers")
+METRIC_ADD_VARIABLE = Hook(
+    "metric variables", ("keras.src.metrics.metric:Metric.add_variable",),
+    "metrics summed over workers when read (Keras 3.3 makes them per worker)")
+VARIABLE_INITIALIZE = Hook(
+    "variable initialize", ("keras.src.backend.tensorflow.core:Variable._initialize",),
+    "metrics summed over workers when read (Keras 3.3 makes them per worker)")
+LOSS_REDUCE = Hook(
+    "loss reduction", ("keras.src.losses.loss:reduce_values",),
+    "a replica's empty part of a batch has loss 0, not NaN (Keras 3.3 divides by 0 rows)")
 BUILD_MARKER = Hook(
     "build marker",
     (f"{_TRAINER}:TensorFlowTrainer._maybe_symbolic_build",  # Keras 3.4-3.15
      f"{_TRAINER}:Trainer._maybe_symbolic_build"),  # keras-nightly 3.16
     "models, metrics and optimizers built from the first batch before training "
-    "starts, outside any tf.function (Keras 3.3 builds them in the first step, where "
-    "results do not equal one process), taking that batch's structure without "
-    "combining it over replicas")
+    "starts, taking that batch's structure without combining it over replicas",
+    instead=(SYMBOLIC_BUILD, MAKE_TRAIN_FUNCTION, MAKE_TEST_FUNCTION,
+             METRIC_ADD_VARIABLE, VARIABLE_INITIALIZE, TRAIN_STEP, LOSS_REDUCE))
 EPOCH_ITERATOR = Hook(
     "epoch length", (f"{_TRAINER}:TFEpochIterator.__init__",),
     "asynchronous fit counts each worker's own batches and validates on all the data",
@@ -94,8 +119,11 @@ ARRAY_SLICING = Hook(
     ("keras.src.trainers.data_adapters.array_slicing:convert_to_sliceable",),
     "arrays shuffled by fit in one order on every worker (their batches)",
     called_only=True)
+OPTIMIZER_APPLY = Hook(
+    "optimizer apply", ("keras.src.optimizers.base_optimizer:BaseOptimizer.apply",),
+    "gradient clipping of the gradient summed over workers (Keras 3.3 clips here)")
 APPLY_GRADIENTS = Hook(
-    "optimizer apply", (f"{_TF_OPTIMIZER}._backend_apply_gradients",),
+    "optimizer backend apply", (f"{_TF_OPTIMIZER}._backend_apply_gradients",),
     "gradient clipping of the gradient summed over workers (gradient_clipping='after_sum')")
 CLIP_GRADIENTS = Hook(
     "optimizer clipping", (f"{_TF_OPTIMIZER}._clip_gradients",),
@@ -129,7 +157,8 @@ TENSORBOARD_EVENTS = Hook(
     "TensorBoard writes from rank 0 only (its on_* methods do nothing elsewhere)")
 BACKUP_RESTORE = Hook(
     "BackupAndRestore restore",
-    ("keras.callbacks:BackupAndRestore._load_model",),
+    ("keras.callbacks:BackupAndRestore._load_model",  # Keras 3.4+
+     "keras.callbacks:BackupAndRestore.on_train_begin"),  # Keras 3.3 loads there
     "BackupAndRestore: every worker restores rank 0's backup",
     reads=("backup_dir", "_weights_path", "_training_metadata_path"), called_only=True)
 BACKUP_SAVE = Hook(
@@ -143,7 +172,7 @@ BACKUP_END = Hook("BackupAndRestore end", ("keras.callbacks:BackupAndRestore.on_
 
 HOOKS: Tuple[Hook, ...] = (
     BUILD_MARKER, EPOCH_ITERATOR, FIT, EVALUATE, PREDICT, ARRAY_SHUFFLE, ARRAY_SLICING,
-    APPLY_GRADIENTS, CLIP_GRADIENTS, SUM_GRADIENTS, LOSS_SCALE_CHECK, SAVE, SAVE_WEIGHTS,
+    OPTIMIZER_APPLY, APPLY_GRADIENTS, CLIP_GRADIENTS, SUM_GRADIENTS, LOSS_SCALE_CHECK, SAVE, SAVE_WEIGHTS,
     EXPORT, SAVE_MODEL, LOAD_WEIGHTS, SET_WEIGHTS, LOAD_MODEL, TENSORBOARD, TENSORBOARD_EVENTS,
     BACKUP_RESTORE,
     BACKUP_SAVE, BACKUP_BEGIN, BACKUP_END)
@@ -197,11 +226,14 @@ def problem(hook: Hook) -> Optional[str]:
         if lacking:
             return f"{place} is there but no longer has {', '.join(lacking)}"
         return None
+    if hook.instead and not [h for h in hook.instead if problem(h) is not None]:
+        return None  # the fallback serves
     return f"it has no {' or '.join(hook.places)}"
 
 
-def locate(hook: Hook) -> Found:
-    """Where `hook` lives in the running Keras.
+def locate(hook: Hook) -> Optional[Found]:
+    """Where `hook` lives in the running Keras; None where it is missing but
+    its `instead` hooks serve.
 
     Raises:
       KerasHookMissingError: it is needed and missing.
@@ -213,16 +245,26 @@ def locate(hook: Hook) -> Found:
         found = _at(place)
         if found is not None:
             return Found(hook, found[0], found[1], place)
-    raise AssertionError(f"unreachable: {hook.name}")  # problem() found none
+    return None  # problem() found the fallback whole
 
 
 def defined_methods(hook: Hook, names: Tuple[str, ...]) -> List[Found]:
     """`hook`'s owner's methods among `names` that the owner itself defines
     (not inherited), e.g. the callback events a Keras callback implements."""
     found = locate(hook)
+    assert found is not None, hook.name
     owner = found.owner
     return [Found(hook, owner, name, f"{found.place.split(':')[0]}:{owner.__name__}.{name}")
             for name in names if name in vars(owner)]
+
+
+def in_use(hooks: Tuple[Hook, ...] = HOOKS) -> List[Hook]:
+    """The hooks tf_smb installs on the running Keras: each found, or where
+    missing, the hooks that serve instead."""
+    out: List[Hook] = []
+    for hook in hooks:
+        out.extend([hook] if locate(hook) is not None else in_use(hook.instead))
+    return out
 
 
 def missing(hooks: Tuple[Hook, ...] = HOOKS) -> List[Tuple[Hook, str]]:
