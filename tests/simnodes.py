@@ -399,14 +399,15 @@ def reap_stale() -> List[str]:
 
 
 def launch_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], timeout: float,
-                   result_dir: str, env: Optional[Mapping[str, str]] = None
-                   ) -> Tuple[Launch, List[dict]]:
+                   result_dir: str, env: Optional[Mapping[str, str]] = None,
+                   preload: bool = True) -> Tuple[Launch, List[dict]]:
     """Runs `python args... --result_dir DIR` on per_node ranks of every node
     (like harness.run_mpirun); the launch (for the ranks' output) and each rank's
     result file, by rank. Fails naming every rank without a result (every rank
-    when mpirun failed though all wrote one), with its output."""
+    when mpirun failed though all wrote one), with its output. `preload=False`:
+    plain interpreters, not the nodes' preload servers."""
     np_ = per_node * nodes.count
-    python = nodes.python()
+    python = nodes.python() if preload else [sys.executable]
     launch = nodes.mpirun(np_, per_node, [*python, *args, "--result_dir", result_dir],
                           timeout, {**nodes.preload_env(python), **(env or {})})
     results, missing = [], []
@@ -423,9 +424,10 @@ def launch_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], ti
 
 
 def run_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], timeout: float,
-                result_dir: str, env: Optional[Mapping[str, str]] = None) -> List[dict]:
+                result_dir: str, env: Optional[Mapping[str, str]] = None,
+                preload: bool = True) -> List[dict]:
     """launch_workers' results alone."""
-    return launch_workers(nodes, per_node, args, timeout, result_dir, env)[1]
+    return launch_workers(nodes, per_node, args, timeout, result_dir, env, preload)[1]
 
 
 def describe_failure(launch: Launch, ranks: Sequence[int]) -> str:

@@ -47,16 +47,16 @@ _ACTIVE = False
 # merge call that sums their gradients runs in the thread that started them.
 _TRAIN_STEPS = [0]
 _TRAIN_STEPS_LOCK = threading.Lock()
+_adding = threading.local()  # the metric variable being added in this thread
 
 
 def active() -> bool:
     """Whether the running Keras needed this module's hooks (Keras 3.3)."""
     return _ACTIVE
-_adding = threading.local()
 
 
 def in_unscaled_train_step() -> bool:
-    """Whether this thread traces Keras 3.3's train step, whose loss is each
+    """Whether a thread traces Keras 3.3's train step, whose loss is each
     replica's mean (not divided by the replica count, as Keras 3.4+ does), so
     its gradients average, rather than sum, into the global batch's."""
     return _TRAIN_STEPS[0] > 0
