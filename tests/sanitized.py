@@ -1,11 +1,15 @@
 """Builds and runs cc/tests/*.cc under ThreadSanitizer or AddressSanitizer (+UB).
 
-The core's sources are compiled once per sanitizer per pytest session, one
-object file each, on every CPU at once; each test then only compiles its own
-test file and links (the core under a sanitizer took ~40 s per test before).
+Each sanitized test binary is kept in ``$TF_SMB_CACHE/sanitized`` (default
+``~/.cache/tf_smb``) under a key that hashes the compiler's version, the flags and
+every C++ source and header it is built from, so a run whose C++ is unchanged only
+runs it (building the core under a sanitizer takes a minute on two cores). When it
+is built, the core's sources are compiled once per sanitizer per pytest session, on
+every CPU at once, and each test then compiles its own file and links.
 """
 import atexit
 import concurrent.futures
+import hashlib
 import os
 import shutil
 import subprocess
@@ -28,6 +32,7 @@ SANITIZERS = {
 }
 REPORTS = ("WARNING: ThreadSanitizer", "ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
            "runtime error:")
+COMMON_FLAGS = ["-std=c++17", "-O1", "-g"]
 
 _objects: Dict[str, List[str]] = {}
 _lock = threading.Lock()
@@ -43,7 +48,7 @@ def _compiler() -> str:
 
 
 def _compile(cxx: str, flags: Sequence[str], source: str, obj: str) -> None:
-    build = subprocess.run([cxx, "-std=c++17", "-O1", "-g", *flags, "-I", REPO, "-c",
+    build = subprocess.run([cxx, *COMMON_FLAGS, *flags, "-I", REPO, "-c",
                             source, "-o", obj], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, f"compiling {source}:\n{build.stderr[-5000:]}"
 
@@ -66,22 +71,50 @@ def core_objects(sanitizer: str) -> List[str]:
         return _objects[sanitizer]
 
 
-def build_and_run(test: str, sanitizer: str, out_dir: str,
-                  args: Sequence[str] = ()) -> subprocess.CompletedProcess:
-    """Builds cc/tests/`test`.cc with the core under `sanitizer`, runs it with
-    `args` and fails on a non-zero exit, any sanitizer report, or a run that
-    does not end with "all checks passed"."""
-    flags, env = SANITIZERS[sanitizer]
-    objects = core_objects(sanitizer)
-    binary = os.path.join(out_dir, f"{test}_{sanitizer}")
+def _binary_key(test: str, sanitizer: str) -> str:
+    """Hashes what the binary is built from: compiler version, flags, C++ files."""
+    digest = hashlib.sha256()
+    version = subprocess.run([_compiler(), "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    digest.update("\0".join([version, test, *COMMON_FLAGS, *SANITIZERS[sanitizer][0]]).encode())
+    for folder in ("smb", "tests"):
+        for root, dirs, files in os.walk(os.path.join(REPO, "cc", folder)):
+            dirs.sort()
+            for name in sorted(files):
+                path = os.path.join(root, name)
+                digest.update(os.path.relpath(path, REPO).encode() + b"\0")
+                with open(path, "rb") as f:
+                    digest.update(f.read())
+    return digest.hexdigest()[:20]
+
+
+def sanitized_binary(test: str, sanitizer: str) -> str:
+    """cc/tests/`test`.cc linked with the core under `sanitizer`: from the cache
+    when its C++ is unchanged, else built and put there (atomically)."""
+    cache = os.path.join(os.path.abspath(os.path.expanduser(
+        os.environ.get("TF_SMB_CACHE") or os.path.join("~", ".cache", "tf_smb"))), "sanitized")
+    binary = os.path.join(cache, f"{test}_{sanitizer}-{_binary_key(test, sanitizer)}")
+    if os.path.isfile(binary):
+        return binary
+    os.makedirs(cache, exist_ok=True)
+    partial = f"{binary}.{os.getpid()}.{threading.get_ident()}.partial"
     build = subprocess.run(
-        [_compiler(), "-std=c++17", "-O1", "-g", *flags, "-I", REPO,
-         os.path.join(REPO, "cc", "tests", f"{test}.cc"), *objects,
-         "-lpthread", "-lrt", "-o", binary],
+        [_compiler(), *COMMON_FLAGS, *SANITIZERS[sanitizer][0], "-I", REPO,
+         os.path.join(REPO, "cc", "tests", f"{test}.cc"), *core_objects(sanitizer),
+         "-lpthread", "-lrt", "-o", partial],
         capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, f"building {test} with {sanitizer}:\n{build.stderr[-5000:]}"
+    os.replace(partial, binary)
+    return binary
+
+
+def build_and_run(test: str, sanitizer: str, args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """Runs cc/tests/`test`.cc built with the core under `sanitizer` (see
+    `sanitized_binary`) with `args`; fails on a non-zero exit, any sanitizer report,
+    or a run that does not end with "all checks passed"."""
+    binary = sanitized_binary(test, sanitizer)
     run = subprocess.run([binary, *args], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, **env})
+                         env={**os.environ, **SANITIZERS[sanitizer][1]})
     output = run.stdout + run.stderr
     assert run.returncode == 0 and not any(r in output for r in REPORTS), (
         f"{test} under {sanitizer} sanitizer (exit {run.returncode}):\n{output[-8000:]}")

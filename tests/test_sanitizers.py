@@ -10,9 +10,9 @@ from sanitized import SANITIZERS, build_and_run
 
 
 @pytest.mark.parametrize("sanitizer", sorted(SANITIZERS))
-def test_collectives_with_ranks_as_threads(sanitizer, tmp_path):
-    build_and_run("collectives_test", sanitizer, str(tmp_path))
+def test_collectives_with_ranks_as_threads(sanitizer):
+    build_and_run("collectives_test", sanitizer)
 
 
-def test_core_checks_under_address_sanitizer(tmp_path):
-    build_and_run("core_test", "address", str(tmp_path))
+def test_core_checks_under_address_sanitizer():
+    build_and_run("core_test", "address")

@@ -20,7 +20,7 @@ def test_recorder_while_ranks_run_collectives_under_sanitizer(sanitizer, tmp_pat
     # and clock ticks while other threads record and flush; then the merge.
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    build_and_run("timeline_test", sanitizer, str(tmp_path), [str(out_dir)])
+    build_and_run("timeline_test", sanitizer, [str(out_dir)])
     with open(out_dir / "sub" / "trace.json") as f:
         assert json.load(f)["otherData"]["final"] is True
 

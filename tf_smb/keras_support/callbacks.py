@@ -129,13 +129,19 @@ def _metadata_path(cb: Any) -> str:
     return os.path.join(cb.backup_dir, _METADATA)
 
 
+def _keeps_previous(cb: Any) -> bool:
+    """BackupAndRestore(double_checkpoint=True): the previous backup is kept too
+    (Keras 3.3 has no such argument)."""
+    return bool(getattr(cb, "double_checkpoint", False))
+
+
 def _restore(cb: Any, original_load: Callable[[Any], None]) -> None:
     """Every worker: loads the backup that training_metadata.json names (a
     backup written by Keras itself names none: its latest.weights.h5), or with
     double_checkpoint the previous one when that fails to load."""
     meta_path = _metadata_path(cb)
     tries = [meta_path]
-    if getattr(cb, "double_checkpoint", False) and os.path.exists(meta_path + ".bkp"):
+    if _keeps_previous(cb) and os.path.exists(meta_path + ".bkp"):
         tries.append(meta_path + ".bkp")
     keras_paths = cb._weights_path, cb._training_metadata_path  # pylint: disable=protected-access
     try:
@@ -187,14 +193,14 @@ def _save_backup(cb: Any) -> None:
     path = os.path.join(directory, name)
     cb.model.save_weights(path, overwrite=True)
     _fsync_file(path)
-    if getattr(cb, "double_checkpoint", False) and previous is not None:
+    if _keeps_previous(cb) and previous is not None:
         _write_json_atomically(meta_path + ".bkp", previous)
     _write_json_atomically(meta_path, {
         "epoch": cb._current_epoch,  # pylint: disable=protected-access
         "batch": cb._last_batch_seen,  # pylint: disable=protected-access
         "weights": name})
     keep = {name}
-    if getattr(cb, "double_checkpoint", False) and previous is not None and "weights" in previous:
+    if _keeps_previous(cb) and previous is not None and "weights" in previous:
         keep.add(previous["weights"])
     for stale in glob.glob(os.path.join(directory, _WEIGHTS_GLOB)) + glob.glob(
             os.path.join(directory, _TMP_GLOB)):

@@ -249,20 +249,17 @@ def _tell_no_batch(data_batches: int) -> None:
       ValueError: on Keras 3.3, whose fit fails on an epoch without a step.
     """
     from tf_smb.keras_support import keras33  # pylint: disable=import-outside-toplevel
+    why = (f"tf_smb: this asynchronous worker has no batch of the training data to train "
+           f"on ({data_batches} batch(es) in all, each worker takes every N-th)")
     if keras33.active():
-        raise ValueError(
-            "tf_smb: this asynchronous worker has no batch of the training data to train "
-            f"on ({data_batches} batch(es) in all, each worker takes every N-th), and "
-            "Keras 3.3's fit cannot run an epoch without a step; give fit more data or a "
-            "smaller batch_size, or use Keras 3.4+")
+        raise ValueError(f"{why}, and Keras 3.3's fit cannot run an epoch without a step; "
+                         "give fit more data or a smaller batch_size, or use Keras 3.4+")
     if getattr(_tell_no_batch, "told", False):
         return
     _tell_no_batch.told = True  # type: ignore[attr-defined]
     from absl import logging  # pylint: disable=import-outside-toplevel
-    logging.warning(
-        "tf_smb: this asynchronous worker has no batch of the training data to train on "
-        "(%d batch(es) in all, each worker takes every N-th): it takes no step and waits "
-        "for the others; give fit more data or a smaller batch_size", data_batches)
+    logging.warning("%s: it takes no step and waits for the others; give fit more data or "
+                    "a smaller batch_size", why)
 
 
 def install_async_hooks() -> None:

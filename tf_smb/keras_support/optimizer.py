@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -63,15 +63,22 @@ def _clips_after_sum(optimizer: Any) -> bool:
             and getattr(strategy, "mode", "sync") == "sync")
 
 
+def _reduced_keeping_nones(
+        grads: List[Optional[tf.Tensor]],
+        reduce: Callable[[List[tf.Tensor]], List[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
+    """The gradients combined by one `reduce` call on those present; the Nones
+    (variables without a gradient) stay in place."""
+    present = [g for g in grads if g is not None]
+    combined = iter(reduce(present) if present else [])
+    return [None if g is None else next(combined) for g in grads]
+
+
 def _sum_over_workers(grads: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
     """All-reduces (SUM) the gradients as Keras' `_all_reduce_sum_gradients`
     does: one `ReplicaContext.all_reduce` for all of them, Nones kept."""
-    present = [g for g in grads if g is not None]
-    if not present:
-        return list(grads)
-    summed = iter(tf.distribute.get_replica_context().all_reduce(
-        _gradient_reduce_op(), present))
-    return [None if g is None else next(summed) for g in grads]
+    return _reduced_keeping_nones(
+        list(grads), lambda present: tf.distribute.get_replica_context().all_reduce(
+            _gradient_reduce_op(), present))
 
 
 def _gradient_reduce_op() -> tf.distribute.ReduceOp:
@@ -154,10 +161,11 @@ def install_optimizer_hooks() -> None:
             # Keras 3.3 asks for the sum inside the merge call, where its own code
             # sums nothing (it needs a replica context): the strategy sums.
             grads_and_vars = list(grads_and_vars)
-            present = [(g, v) for g, v in grads_and_vars if g is not None]
-            summed = iter(strategy.extended.batch_reduce_to(
-                _gradient_reduce_op(), present) if present else [])
-            return [(g if g is None else next(summed), v) for g, v in grads_and_vars]
+            pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+            summed = _reduced_keeping_nones(
+                [g for g, _ in grads_and_vars],
+                lambda _: strategy.extended.batch_reduce_to(_gradient_reduce_op(), pairs))
+            return list(zip(summed, [v for _, v in grads_and_vars]))
         return all_reduce_sum_gradients(self, grads_and_vars)
 
     @functools.wraps(check_finite)

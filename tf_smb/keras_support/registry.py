@@ -12,7 +12,9 @@ tests/test_keras_hooks.py walks the same list on every tested Keras.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import importlib
 import inspect
 from typing import Any, Dict, List, Optional, Tuple
@@ -203,14 +205,43 @@ def _at(place: str) -> Optional[Tuple[Any, str]]:
     return (owner, attribute) if hasattr(owner, attribute) else None
 
 
+@functools.lru_cache(maxsize=None)
+def _class_sources(path: str) -> Dict[str, str]:
+    """Each class's source text in the file at `path`, by qualified name. One
+    parse per file: `inspect.getsource` parses the whole module again for each
+    class (seconds per worker process over the hooks' classes)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        tree = ast.parse(text, path)
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return {}
+    lines = text.splitlines(keepends=True)
+    sources: Dict[str, str] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                name = prefix + child.name
+                sources.setdefault(name, "".join(lines[child.lineno - 1:child.end_lineno]))
+                visit(child, name + ".")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, f"{prefix}{child.name}.<locals>.")
+    visit(tree, "")
+    return sources
+
+
 def _source_of(owner: Any) -> str:
-    """The source of a class and its Keras base classes ('' where unreadable)."""
+    """The source of a class and its base classes ('' where unreadable)."""
     texts = []
     for cls in inspect.getmro(owner) if inspect.isclass(owner) else ():
         try:
-            texts.append(inspect.getsource(cls))
-        except (OSError, TypeError):
-            pass
+            path = inspect.getsourcefile(cls)
+        except TypeError:  # a built-in class
+            continue
+        text = _class_sources(path).get(cls.__qualname__) if path else None
+        if text:
+            texts.append(text)
     return "\n".join(texts)
 
 
@@ -220,7 +251,7 @@ def problem(hook: Hook) -> Optional[str]:
         found = _at(place)
         if found is None:
             continue
-        source = _source_of(found[0])
+        source = _source_of(found[0]) if hook.reads else ""
         lacking = [a for a in hook.reads
                    if source and f".{a}" not in source and not hasattr(found[0], a)]
         if lacking:

@@ -19,6 +19,17 @@ std::string Describe(DType dtype, const std::vector<int64_t>& shape) {
   return std::string(DTypeName(dtype)) + ShapeString(shape);
 }
 
+// A request to a segment's home node about `name`; callers set the rest.
+SegmentRequest Request(SegmentRequest::Kind kind, const std::string& name, DType dtype,
+                       const std::vector<int64_t>& shape) {
+  SegmentRequest request;
+  request.kind = kind;
+  request.name = name;
+  request.dtype = dtype;
+  request.shape = shape;
+  return request;
+}
+
 }  // namespace
 
 SegmentTable::SegmentTable(std::shared_ptr<Peers> peers, NodeLink* link)
@@ -51,11 +62,7 @@ Status SegmentTable::Create(const std::string& name, DType dtype,
       },
       [&](int home) {
         if (!writes) return Status::Ok();  // the writer creates it at home
-        SegmentRequest request;
-        request.kind = SegmentRequest::Kind::kCreate;
-        request.name = name;
-        request.dtype = dtype;
-        request.shape = shape;
+        SegmentRequest request = Request(SegmentRequest::Kind::kCreate, name, dtype, shape);
         request.write = true;
         return link_->CallSegmentServer(home, request, value, Bytes(dtype, shape), nullptr, 0,
                                         timeout_s);
@@ -69,11 +76,7 @@ Status SegmentTable::Read(const std::string& name, DType dtype,
       name, dtype, shape, timeout_s,
       [&](const Segment& segment) { return ReadSegment(segment, dst, mode, bulk); },
       [&](int home) {
-        SegmentRequest request;
-        request.kind = SegmentRequest::Kind::kRead;
-        request.name = name;
-        request.dtype = dtype;
-        request.shape = shape;
+        SegmentRequest request = Request(SegmentRequest::Kind::kRead, name, dtype, shape);
         request.consistent = mode == ReadMode::kConsistent;
         const size_t bytes = Bytes(dtype, shape);
         Status read = link_->CallSegmentServer(home, request, nullptr, 0, dst, bytes, timeout_s);
@@ -96,11 +99,7 @@ Status SegmentTable::Update(const std::string& name, DType dtype,
         return UpdateLocal(name, segment, options, update, learning_rate, read_back, bulk);
       },
       [&](int home) {
-        SegmentRequest request;
-        request.kind = SegmentRequest::Kind::kUpdate;
-        request.name = name;
-        request.dtype = dtype;
-        request.shape = shape;
+        SegmentRequest request = Request(SegmentRequest::Kind::kUpdate, name, dtype, shape);
         request.rule = static_cast<int32_t>(options.rule);
         request.momentum = options.momentum;
         request.learning_rate = learning_rate;
@@ -200,11 +199,8 @@ Status SegmentTable::MoveFromLostNodes(double timeout_s) {
                                 m.value.data()));
       continue;
     }
-    SegmentRequest request;
-    request.kind = SegmentRequest::Kind::kCreate;
-    request.name = m.name;
-    request.dtype = m.placement.dtype;
-    request.shape = m.placement.shape;
+    SegmentRequest request = Request(SegmentRequest::Kind::kCreate, m.name, m.placement.dtype,
+                                     m.placement.shape);
     request.write = false;
     SMB_RETURN_IF_ERROR(link_->CallSegmentServer(m.placement.home, request, m.value.data(),
                                                  m.value.size(), nullptr, 0, timeout_s));
