@@ -110,21 +110,20 @@ def _results(result_dir, np_):
     return found
 
 
-def test_horovodrun_mpi_2x2_fit_equals_one_process_on_global_batch(nodes, tmp_path):
-    require_horovod()
-    results = _horovodrun(nodes, tmp_path, ["--mpi"], ["fit", "--batch", str(B)])
-    reference = run_single([KERAS, "fit", "--batch", str(4 * B)], timeout=TIMEOUT).check().json()
-    _check_fit(results, reference)
-
-
-def test_horovodrun_without_mode_flag_uses_mpi_2x2_exact_collectives(nodes, tmp_path):
+def test_horovodrun_without_mode_flag_2x2_exact_collectives_and_fit_equal_one_process(
+        nodes, tmp_path):
     """`horovodrun -np 4 -H ...` with neither --mpi nor --gloo picks MPI (Horovod
-    is built with it): all-reduces of every dtype across the nodes give exact
-    sums, a broadcast reaches every rank, and so do their gradients."""
+    is built with it; --mpi starts the same mpirun): all-reduces of every dtype
+    across the nodes give exact sums, a broadcast reaches every rank, and so do
+    their gradients; then, in the same job, fit/evaluate/predict equal one
+    process on the global batch."""
     require_horovod()
-    results = _horovodrun(nodes, tmp_path, [], ["ops"])
+    results = _horovodrun(nodes, tmp_path, [], ["ops,fit", "--batch", str(B)])
     for r in results:
-        assert r["bad"] == [], f"rank {r['rank']}: {r['bad']}"
+        assert r["ops"]["bad"] == [], f"rank {r['rank']}: {r['ops']['bad']}"
         # Variables created in the scope are broadcast from rank 0 although
         # every rank seeded differently.
-        assert max_diff(r["weights"], results[0]["weights"]) == 0.0, f"rank {r['rank']}"
+        assert max_diff(r["ops"]["weights"], results[0]["ops"]["weights"]) == 0.0, (
+            f"rank {r['rank']}")
+    reference = run_single([KERAS, "fit", "--batch", str(4 * B)], timeout=TIMEOUT).check().json()
+    _check_fit([dict(r["fit"], rank=r["rank"]) for r in results], reference)

@@ -2,7 +2,10 @@
 where each rank ran: its host, the job tf_smb detected (launcher, spans_nodes)
 and the tf_smb boxes mapped into it. Writes RESULT_DIR/rank<r>.json.
 
-    launcher_worker.py SCENARIO [--batch B] --result_dir DIR
+    launcher_worker.py SCENARIO[,SCENARIO...] [--batch B] --result_dir DIR
+
+Several scenarios run in turn in one job (one launch), each from the same seed
+as keras_worker.main gives it; their results are then keyed by scenario name.
 """
 import argparse
 import os
@@ -39,9 +42,13 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--result_dir", required=True)
     a = p.parse_args()
-    keras.utils.set_random_seed(1234)  # as keras_worker.main
+    scenarios = a.scenario.split(",")
     strategy = tf_smb.SMBStrategy(timeout_s=float(os.environ.get("TEST_TIMEOUT", "60")))
-    result = getattr(keras_worker, "scenario_" + a.scenario)(strategy, a)
+    results = {}
+    for scenario in scenarios:
+        keras.utils.set_random_seed(1234)  # as keras_worker.main
+        results[scenario] = getattr(keras_worker, "scenario_" + scenario)(strategy, a)
+    result = results[scenarios[0]] if len(scenarios) == 1 else results
     job = smb_ops.job()
     result.update(rank=strategy.rank, size=strategy.size, host=socket.gethostname(),
                   launcher=job.launcher, spans_nodes=job.spans_nodes, boxes=mapped_boxes(),
