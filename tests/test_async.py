@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from harness import REPO, WORKERS, rank_lines, run_launcher, run_ranks
+from harness import REPO, WORKERS, rank_lines, run_launcher, run_python, run_ranks
 
 DIGITS = os.path.join(WORKERS, "digits_async.py")
 PARAMS = os.path.join(WORKERS, "async_params_worker.py")
@@ -115,8 +115,6 @@ def test_pushing_or_reading_into_wrong_shape_or_dtype_is_refused_and_changes_not
 
 
 def test_async_options_are_checked():
-    import subprocess
-    import sys
     code = ("import tf_smb\n"
             "for kw in [dict(mode='bogus'), dict(mode='async', update='adam'),\n"
             "           dict(mode='async', staleness=-1), dict(mode='sync', staleness=2),\n"
@@ -127,10 +125,7 @@ def test_async_options_are_checked():
             "        tf_smb.SMBStrategy(**kw); print('accepted', kw)\n"
             "    except ValueError as e:\n"
             "        print('refused:', e)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    assert p.returncode == 0, p.stderr[-2000:]
-    lines = p.stdout.splitlines()
+    lines = run_python(code).splitlines()
     assert len(lines) == 8 and all(l.startswith("refused:") for l in lines), lines
     assert "read_at must be 'start' or 'push', got 'end'" in lines[5], lines
     assert "apply to mode='async' only" in lines[6], lines

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from harness import REPO
+from harness import REPO, base_env, python
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_bazel_op_library_loads(bazel_build):
             "staging_bytes=1 << 20, heap_bytes=0, across_nodes=False); "
             "print(lib.smb_all_reduce([tf.constant([1.0, 2.0])])[0].numpy().tolist())"
             % os.path.join(bazel_build, "_smb_ops.so"))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    p = subprocess.run([*python(), "-c", code], capture_output=True, text=True,
+                       timeout=300, env=base_env())
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().endswith("[1.0, 2.0]")

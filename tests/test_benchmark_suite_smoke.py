@@ -10,10 +10,9 @@ import csv
 import math
 import pathlib
 import subprocess
-import sys
 from typing import Dict, List, Sequence
 
-from harness import run_single
+from harness import base_env, python, run_single
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Rows that must hold numbers; the others (MWMS: Keras 3's fit may fail under it) may read
@@ -47,8 +46,8 @@ def by_strategy(rows: List[Dict[str, str]], model: str) -> Dict[str, Dict[str, s
 
 
 def test_horovod_is_installed() -> None:
-    p = subprocess.run([sys.executable, "-c", "import horovod.tensorflow"],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run([*python(), "-c", "import horovod.tensorflow"],
+                       capture_output=True, text=True, timeout=300, env=base_env())
     assert p.returncode == 0, ("Horovod must be installed for the benchmark suite's test "
                                "(bash tools/install_horovod.sh):\n" + p.stderr[-2000:])
 

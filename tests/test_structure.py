@@ -4,11 +4,10 @@ update="sgd" applies in the box, the error when workers disagree, options of
 HorovodStrategy, and the import error without TensorFlow."""
 import inspect
 import subprocess
-import sys
 
 import pytest
 
-from harness import run_python
+from harness import base_env, python, run_python
 
 
 
@@ -130,8 +129,8 @@ def test_horovod_strategy_checks_gradient_clipping_before_starting_horovod():
 
 
 def test_horovod_strategy_takes_gradient_clipping():
-    p = subprocess.run([sys.executable, "-c", "import horovod.tensorflow"],
-                       capture_output=True, timeout=300)
+    p = subprocess.run([*python(), "-c", "import horovod.tensorflow"],
+                       capture_output=True, timeout=300, env=base_env())
     assert p.returncode == 0, "tools/test.sh installs Horovod (tools/install_horovod.sh)"
     out = run_python("import tf_smb\n"
                   "for value in ('per_worker', 'after_sum'):\n"

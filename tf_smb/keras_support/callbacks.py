@@ -53,7 +53,7 @@ _TENSORBOARD_EVENTS = (
 def _hook_tensorboard() -> None:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     found = registry.locate(registry.TENSORBOARD)
-    tensorboard_cls, original_set_model = found.owner, found.original()
+    original_set_model = found.original()
 
     @functools.wraps(original_set_model)
     def set_model(self, model):
