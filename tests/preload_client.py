@@ -53,7 +53,9 @@ def main():
         conn.connect(path)
     except OSError:
         _exec_python(args)
-    env = {k: v for k, v in os.environ.items() if k != SOCKET_VAR}
+    # The worker keeps SOCKET_VAR: what it starts in turn (a launcher's workers,
+    # a benchmark's jobs) forks from the server too.
+    env = dict(os.environ)
     payload = json.dumps({"args": args, "env": env, "cwd": os.getcwd(),
                           "cpus": sorted(os.sched_getaffinity(0))}).encode()
     lifeline_r, lifeline_w = os.pipe()
