@@ -20,6 +20,7 @@ from typing import Dict, List, Sequence
 import pytest
 
 from harness import REPO
+from tf_smb import op_library  # where tf_smb keeps what it compiles (no TensorFlow)
 
 CORE_SOURCES = sorted(
     os.path.join(root, f) for root, _, files in os.walk(os.path.join(REPO, "cc", "smb"))
@@ -91,8 +92,7 @@ def _binary_key(test: str, sanitizer: str) -> str:
 def sanitized_binary(test: str, sanitizer: str) -> str:
     """cc/tests/`test`.cc linked with the core under `sanitizer`: from the cache
     when its C++ is unchanged, else built and put there (atomically)."""
-    cache = os.path.join(os.path.abspath(os.path.expanduser(
-        os.environ.get("TF_SMB_CACHE") or os.path.join("~", ".cache", "tf_smb"))), "sanitized")
+    cache = os.path.join(op_library.cache_root(), "sanitized")
     binary = os.path.join(cache, f"{test}_{sanitizer}-{_binary_key(test, sanitizer)}")
     if os.path.isfile(binary):
         return binary
