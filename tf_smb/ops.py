@@ -224,6 +224,13 @@ def barrier() -> None:
     _library().smb_barrier(key=_call_site("barrier"))
 
 
+def check(ok: Any, message: Any) -> tf.Operation:
+    """An op failing with FailedPreconditionError(`message`) unless `ok`: a
+    graph's way to report a disagreement with the error class eager code raises."""
+    return _library().smb_check(tf.convert_to_tensor(ok, tf.bool),
+                                tf.convert_to_tensor(message, tf.string))
+
+
 def _nonzero_grads(op, grads) -> List[tf.Tensor]:
     return [tf.zeros_like(x) if g is None else tf.convert_to_tensor(g)
             for x, g in zip(op.inputs, grads)]

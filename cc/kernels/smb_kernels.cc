@@ -387,6 +387,21 @@ class SmbBarrierOp : public AsyncOpKernel {
   std::string site_;
 };
 
+class SmbCheckOp : public OpKernel {
+ public:
+  explicit SmbCheckOp(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* c) override {
+    const Tensor& ok = c->input(0);
+    const Tensor& message = c->input(1);
+    OP_REQUIRES(c, ok.dims() == 0 && message.dims() == 0,
+                absl::InvalidArgumentError("SmbCheck: expected scalar ok and message, got "
+                                           "shapes " + ok.shape().DebugString() + " and " +
+                                           message.shape().DebugString()));
+    OP_REQUIRES(c, ok.scalar<bool>()(),
+                absl::FailedPreconditionError(message.scalar<tstring>()()));
+  }
+};
+
 // Local replicas (SingleCaffe's mode): their parts are summed in this process,
 // one part per replica, run on TensorFlow's intra-op threads.
 class SmbReplicaSumOp : public OpKernel {
@@ -976,6 +991,7 @@ REGISTER_KERNEL_BUILDER(Name("SmbServerPushSegment").Device(DEVICE_CPU), SmbServ
 REGISTER_KERNEL_BUILDER(Name("SmbAllReduce").Device(DEVICE_CPU), SmbAllReduceOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBroadcast").Device(DEVICE_CPU), SmbBroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBarrier").Device(DEVICE_CPU), SmbBarrierOp);
+REGISTER_KERNEL_BUILDER(Name("SmbCheck").Device(DEVICE_CPU), SmbCheckOp);
 
 }  // namespace
 }  // namespace tensorflow

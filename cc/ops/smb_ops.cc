@@ -131,6 +131,17 @@ REGISTER_OP("SmbBarrier")
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc("Returns once every rank has reached this barrier.");
 
+REGISTER_OP("SmbCheck")
+    .Input("ok: bool")
+    .Input("message: string")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+Fails with FailedPreconditionError(`message`) unless `ok` (a scalar): how a
+graph reports that the ranks disagree on a collective, with the error class an
+eager check raises.
+)doc");
+
 }  // namespace tensorflow
 
 // ---- Asynchronous mode: parameters living in the box ----------------------

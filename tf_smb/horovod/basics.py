@@ -1,0 +1,340 @@
+"""Horovod's process queries on tf_smb's job: init, ranks, sizes, capabilities,
+process sets.
+
+The job is tf_smb's (tf_smb.env): the same launchers (tf_smb.run, mpirun,
+horovodrun, srun) place a process. Local and cross ranks come from the
+launcher's variables; tf_smb.run starts every worker on one node.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Mapping, Optional, Sequence
+
+import tensorflow as tf
+
+from tf_smb import env as env_lib
+from tf_smb import ops as smb_ops
+from tf_smb import timeline as timeline_lib
+
+_LOCAL_RANK_VARS = ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+_LOCAL_SIZE_VARS = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+_CROSS_VARS = ("HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+
+# HOROVOD_* variables that change nothing here (tuning of Horovod's own engine);
+# any other HOROVOD_* setting that asks for behaviour is refused at init.
+_TUNING_VARS = frozenset({
+    "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER",
+    "HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_LOG", "HOROVOD_LOG_LEVEL",
+    "HOROVOD_LOG_HIDE_TIME", "HOROVOD_STALL_CHECK_DISABLE",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+    "HOROVOD_NUM_STREAMS", "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_THREAD_AFFINITY",
+    "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_DISABLE_GROUP_FUSION",
+    "HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_CPU_OPERATIONS",
+    "HOROVOD_CONTROLLER", "HOROVOD_GLOO_IFACE", "HOROVOD_GLOO_TIMEOUT_SECONDS",
+    "HOROVOD_GPU_OPERATIONS", "HOROVOD_MIXED_INSTALL",
+})
+# Set by Horovod's launcher itself (placement, rendezvous): read or ignored.
+_LAUNCHER_PREFIXES = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_", "HOROVOD_CROSS_",
+                      "HOROVOD_HOSTNAME", "HOROVOD_GLOO_", "HOROVOD_ELASTIC",
+                      "HOROVOD_TIMELINE", "HOROVOD_SECRET_KEY", "HOROVOD_IFACE")
+
+
+class _State:
+    job: Optional[env_lib.JobInfo] = None
+    local_rank = 0
+    local_size = 1
+    process_sets: List["ProcessSet"] = []
+
+
+def _int_env(env: Mapping[str, str], names: Sequence[str]) -> Optional[int]:
+    for name in names:
+        if env.get(name):
+            return int(env[name])
+    return None
+
+
+def check_horovod_variables(env: Mapping[str, str]) -> None:
+    """Refuses HOROVOD_* settings tf_smb does not honour, naming each."""
+    refused = sorted(
+        name for name in env
+        if name.startswith("HOROVOD_") and name not in _TUNING_VARS
+        and not name.startswith(_LAUNCHER_PREFIXES))
+    if refused:
+        raise ValueError(
+            f"tf_smb.horovod does not honour {', '.join(refused)}: unset them. It reads "
+            "HOROVOD_TIMELINE and the launcher's placement variables, and ignores the "
+            "tuning variables of Horovod's own engine (fusion, cycle time, cache, "
+            "autotune, stall check, controller choice)")
+
+
+class ProcessSet:
+    """A group of ranks a collective can be limited to (Horovod's ProcessSet).
+
+    tf_smb's box joins every worker of the job, so the only process set is the
+    global one: a set naming all ranks works, a proper subset is refused with
+    NotImplementedError.
+    """
+
+    def __init__(self, ranks_or_comm: Optional[Sequence[int]] = None) -> None:
+        if ranks_or_comm is not None and not isinstance(ranks_or_comm, (list, tuple, range)):
+            raise NotImplementedError(
+                "tf_smb.horovod.ProcessSet takes a list of ranks; MPI communicators "
+                "are not supported")
+        self.ranks: Optional[List[int]] = (
+            None if ranks_or_comm is None else sorted(int(r) for r in ranks_or_comm))
+        self.process_set_id: Optional[int] = None
+
+    def _check_global(self) -> None:
+        world = size()
+        if self.ranks is not None and self.ranks != list(range(world)):
+            raise NotImplementedError(
+                f"tf_smb.horovod supports only the global process set (ranks "
+                f"0..{world - 1}); got ranks {self.ranks}. Run the subgroup's work as a "
+                "separate job, or use the global set")
+
+    def size(self) -> int:
+        """The number of ranks in the set."""
+        return size() if self.ranks is None else len(self.ranks)
+
+    def rank(self) -> int:
+        """This process's index in the set (-1 when not included)."""
+        return rank() if self.ranks is None or rank() in self.ranks else -1
+
+    def included(self) -> bool:
+        """Whether this process belongs to the set."""
+        return self.rank() >= 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProcessSet) and (
+            (self.ranks or list(range(size()))) == (other.ranks or list(range(size()))))
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.ranks or ()))
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet()
+global_process_set.process_set_id = 0
+
+
+def check_process_set(process_set: ProcessSet) -> None:
+    """Raises unless `process_set` is the global set (the only one tf_smb has)."""
+    if process_set is not global_process_set:
+        process_set._check_global()  # pylint: disable=protected-access
+
+
+def init(comm: Optional[Sequence[int]] = None,
+         process_sets: Optional[Sequence[ProcessSet]] = None) -> None:
+    """Joins this process to its job's box (idempotent), as `hvd.init()`.
+
+    Args:
+      comm: Horovod's MPI communicator or list of ranks: only None or all ranks.
+      process_sets: static process sets: each must hold every rank.
+    """
+    if comm is not None and list(comm) != list(range(env_lib.detect().size)):
+        raise NotImplementedError(
+            "tf_smb.horovod.init(comm=...): only the whole job (comm=None) is supported")
+    if _State.job is None:
+        env = os.environ
+        check_horovod_variables(env)
+        if env.get("HOROVOD_TIMELINE") and not timeline_lib.enabled():
+            timeline_lib.enable(env["HOROVOD_TIMELINE"])
+        job = smb_ops.init()
+        _State.job = job
+        local_size = _int_env(env, _LOCAL_SIZE_VARS)
+        local_rank = _int_env(env, _LOCAL_RANK_VARS)
+        if job.launcher == "tf" or not job.spans_nodes:
+            local_size, local_rank = job.size, job.rank
+        _State.local_size = local_size if local_size is not None else job.size
+        _State.local_rank = local_rank if local_rank is not None else job.rank
+    for process_set in process_sets or ():
+        add_process_set(process_set)
+
+
+def shutdown() -> None:
+    """Horovod's shutdown: tf_smb keeps the box for the process's life (a later
+    `init` is a no-op), so this only forgets the added process sets."""
+    _State.process_sets = []
+
+
+def is_initialized() -> bool:
+    """Whether `init` has run in this process."""
+    return _State.job is not None
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Records tf_smb's timeline (tf_smb.timeline) to `file_path`, as Horovod's
+    start_timeline. tf_smb's recorder starts when the process joins its job, so
+    call it before `init` (or set HOROVOD_TIMELINE); after `init` only the path
+    already being recorded is accepted. `mark_cycles` has no meaning here."""
+    del mark_cycles
+    wanted = os.path.abspath(file_path)
+    if timeline_lib.enabled():
+        if timeline_lib.path() != wanted:
+            raise ValueError(f"a timeline is already being recorded to {timeline_lib.path()}; "
+                             f"cannot switch to {wanted}")
+        return
+    if _State.job is not None:
+        raise ValueError("tf_smb records a timeline from the moment the process joins its "
+                         "job: call start_timeline before hvd.init(), or set "
+                         "HOROVOD_TIMELINE (or TF_SMB_TIMELINE) for every worker")
+    timeline_lib.enable(wanted)
+
+
+def stop_timeline() -> None:
+    """Writes this worker's timeline so far (recording goes on until exit)."""
+    timeline_lib.flush()
+
+
+def _job() -> env_lib.JobInfo:
+    if _State.job is None:
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+    return _State.job
+
+
+def size() -> int:
+    """The number of processes in the job."""
+    return _job().size
+
+
+def rank() -> int:
+    """This process's rank, 0 <= rank < size."""
+    return _job().rank
+
+
+def local_size() -> int:
+    """The number of processes on this node."""
+    _job()
+    return _State.local_size
+
+
+def local_rank() -> int:
+    """This process's rank among the processes on its node."""
+    _job()
+    return _State.local_rank
+
+
+def cross_size() -> int:
+    """The number of nodes (Horovod: processes with this local rank)."""
+    env = os.environ
+    value = _int_env(env, _CROSS_VARS[1:])
+    return value if value is not None else max(1, size() // max(1, local_size()))
+
+
+def cross_rank() -> int:
+    """This process's node index (Horovod: its rank among equal local ranks)."""
+    value = _int_env(os.environ, _CROSS_VARS[:1])
+    return value if value is not None else rank() // max(1, local_size())
+
+
+def is_homogeneous() -> bool:
+    """Whether every node runs the same number of processes."""
+    return size() % max(1, local_size()) == 0
+
+
+def add_process_set(process_set: Sequence[int] | ProcessSet) -> ProcessSet:
+    """Registers a process set; only one holding every rank is possible here."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    process_set._check_global()  # pylint: disable=protected-access
+    process_set.process_set_id = 0
+    _State.process_sets.append(process_set)
+    return process_set
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Forgets an added process set (the global one cannot be removed)."""
+    if process_set is global_process_set:
+        return False
+    if process_set in _State.process_sets:
+        _State.process_sets.remove(process_set)
+        return True
+    return False
+
+
+# Capabilities, answered for what tf_smb is: CPU collectives through the box,
+# across nodes over Open MPI; no NCCL, Gloo, oneCCL, DDL or ROCm.
+def mpi_threads_supported() -> bool:
+    """Horovod's query; tf_smb's cross-node link runs MPI from its own thread."""
+    return True
+
+
+def mpi_enabled() -> bool:
+    """True when this job joins nodes over MPI."""
+    return bool(_State.job is not None and _State.job.spans_nodes)
+
+
+def mpi_built() -> bool:
+    """tf_smb's cross-node link is built on Open MPI."""
+    return True
+
+
+def gloo_enabled() -> bool:
+    """tf_smb does not use Gloo."""
+    return False
+
+
+def gloo_built() -> bool:
+    """tf_smb does not use Gloo."""
+    return False
+
+
+def nccl_built() -> int:
+    """tf_smb has no NCCL operations."""
+    return 0
+
+
+def ddl_built() -> bool:
+    """tf_smb has no DDL operations."""
+    return False
+
+
+def ccl_built() -> bool:
+    """tf_smb has no oneCCL operations."""
+    return False
+
+
+def cuda_built() -> bool:
+    """tf_smb's collectives run on the CPU."""
+    return False
+
+
+def rocm_built() -> bool:
+    """tf_smb's collectives run on the CPU."""
+    return False
+
+
+def _constant_op(value_fn, name: Optional[str]) -> tf.Tensor:
+    return tf.constant(value_fn(), dtype=tf.int32, name=name)
+
+
+def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """`size()` as an int32 tensor."""
+    if process_set_id != 0:
+        raise NotImplementedError("tf_smb.horovod has only the global process set (id 0)")
+    return _constant_op(size, name)
+
+
+def local_size_op(name: Optional[str] = None) -> tf.Tensor:
+    """`local_size()` as an int32 tensor."""
+    return _constant_op(local_size, name)
+
+
+def rank_op(name: Optional[str] = None) -> tf.Tensor:
+    """`rank()` as an int32 tensor."""
+    return _constant_op(rank, name)
+
+
+def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
+    """`local_rank()` as an int32 tensor."""
+    return _constant_op(local_rank, name)
+
+
+def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """1 when this process is in the process set (always, for the global set)."""
+    if process_set_id != 0:
+        raise NotImplementedError("tf_smb.horovod has only the global process set (id 0)")
+    return _constant_op(lambda: 1, name)

@@ -1,0 +1,485 @@
+"""Horovod's collectives on the box: allreduce (Sum, Average, Min, Max,
+Product, pre/postscale), allgather, broadcast, alltoall, reducescatter, their
+grouped forms, barrier and join, with Horovod's gradients.
+
+Recoverable disagreement: before any data moves, the ranks exchange a small
+fixed-size description of the collective (kind, reduce op, root, number of
+tensors, dtype and shape of the first tensor, a digest of the rest). When the
+ranks disagree, every rank raises FailedPreconditionError naming what differs
+and each rank's value, and the next collective works: the box's own
+collectives (which stop the job on a mismatch, tf_smb/ops.py) only run once
+the ranks agree.
+
+How they move data: Sum and Average are the box's all-reduce (reduced in the
+box). Allgather, alltoall, Min, Max and Product are built on it too: each rank
+places its rows into a zero buffer at its own offset and the box sums the
+buffers, so every rank reads all rows (this moves size x the bytes of a
+dedicated gather; exact, since x + 0 == x).
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tf_smb import ops as smb_ops
+from tf_smb.horovod import basics
+
+# Horovod's reduce op values (horovod/tensorflow/mpi_ops.py).
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
+             Product: "Product", -1: "none"}
+_KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "join",
+          "barrier")
+_MAX_DIMS = 6
+# One row per rank: what every rank must agree on.
+_FIELDS = ("collective", "reduce op", "root rank", "number of tensors", "option",
+           "dtype", "number of dimensions") + tuple(f"dim{i}" for i in range(_MAX_DIMS)) + (
+               "dtypes and shapes of the other tensors",)
+_SUMMABLE = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int8, tf.uint8, tf.int16,
+             tf.uint16, tf.int32, tf.int64)
+
+
+def _this_rank() -> int:
+    return basics.rank()
+
+
+def _world() -> int:
+    return basics.size()
+
+
+# ---- Agreement --------------------------------------------------------------
+
+def _static_dims(t: tf.Tensor, first_free: bool) -> Optional[List[int]]:
+    dims = t.shape.as_list()
+    if any(d is None for d in dims[1 if first_free else 0:]):
+        return None
+    return [-1 if (first_free and i == 0) else d for i, d in enumerate(dims)]
+
+
+def _digest(parts: Sequence[Tuple[int, Sequence[int]]]) -> int:
+    return zlib.crc32(repr(list(parts)).encode()) & 0x7FFFFFFF
+
+
+def _describe(kind: str, tensors: Sequence[tf.Tensor], op: int, root: int, option: int,
+              first_free: bool) -> tf.Tensor:
+    """This rank's row: the fields of _FIELDS as int64."""
+    for t in tensors:
+        if t.shape.rank is None:
+            raise ValueError(f"hvd.{kind}: tensors need a known number of dimensions")
+    head = [_KINDS.index(kind), op, root, len(tensors), option]
+    if not tensors:
+        return tf.constant(head + [-1] * (len(_FIELDS) - len(head)), tf.int64)
+    first = tensors[0]
+    dims = _static_dims(first, first_free)
+    rest = [(t.dtype.as_datatype_enum, _static_dims(t, first_free)) for t in tensors[1:]]
+    if dims is not None and all(d is not None for _, d in rest):
+        padded = (dims + [-1] * _MAX_DIMS)[:_MAX_DIMS]
+        return tf.constant(head + [first.dtype.as_datatype_enum, len(dims)] + padded
+                           + [_digest(rest)], tf.int64)
+    # Shapes known only when the graph runs.
+    def dims_of(t: tf.Tensor) -> tf.Tensor:
+        shape = tf.shape(t, out_type=tf.int64)
+        if first_free and t.shape.rank > 0:
+            shape = tf.concat([[-1], shape[1:]], 0)
+        return shape
+    first_dims = dims_of(first)[:_MAX_DIMS]
+    padded = tf.pad(first_dims, [[0, _MAX_DIMS - tf.shape(first_dims)[0]]], constant_values=-1)
+    digest = tf.constant(0, tf.int64)
+    for i, t in enumerate(tensors[1:]):
+        d = dims_of(t)
+        weights = tf.constant([1000003 ** (j % 3) for j in range(t.shape.rank)], tf.int64)
+        term = tf.reduce_sum((d + 7) * weights) + t.dtype.as_datatype_enum * 131
+        digest = (digest * 31 + term * (i + 1)) % 2147483647
+    return tf.concat([tf.constant(head + [first.dtype.as_datatype_enum, first.shape.rank],
+                                  tf.int64), padded, [digest]], 0)
+
+
+def _gather_rows(row: tf.Tensor) -> tf.Tensor:
+    """Every rank's `row` (the same length on every rank), stacked in rank order."""
+    width = row.shape[0]
+    placed = tf.scatter_nd(tf.constant([[_this_rank()]], tf.int64), tf.reshape(row, [1, width]),
+                           tf.constant([_world(), width], tf.int64))
+    return smb_ops.allreduce([placed])[0]
+
+
+def _shape_text(row: np.ndarray) -> str:
+    ndims = int(row[_FIELDS.index("number of dimensions")])
+    dims = row[_FIELDS.index("dim0"):_FIELDS.index("dim0") + min(ndims, _MAX_DIMS)]
+    text = ", ".join("*" if d == -1 else str(int(d)) for d in dims)
+    return "[" + text + (", ...]" if ndims > _MAX_DIMS else "]")
+
+
+def _value_text(field: str, value: int, row: np.ndarray) -> str:
+    if field == "collective":
+        return _KINDS[value] if 0 <= value < len(_KINDS) else str(value)
+    if field == "reduce op":
+        return _OP_NAMES.get(value, str(value))
+    if field == "dtype":
+        return tf.as_dtype(value).name if value > 0 else "none"
+    if field == "shape":
+        return _shape_text(row)
+    return str(value)
+
+
+def disagreement(kind: str, rows: np.ndarray) -> str:
+    """What the ranks' rows differ in, or "" when they agree."""
+    problems = []
+    shape_cols = range(_FIELDS.index("number of dimensions"), _FIELDS.index("dim0") + _MAX_DIMS)
+    fields = [(f, [j]) for j, f in enumerate(_FIELDS) if j not in shape_cols]
+    fields.insert(_FIELDS.index("number of dimensions"), ("shape", list(shape_cols)))
+    for field, cols in fields:
+        values = rows[:, cols]
+        if (values != values[0]).any():
+            per_rank = ", ".join(
+                f"rank {r}: {_value_text(field, int(rows[r, cols[0]]), rows[r])}"
+                for r in range(rows.shape[0]))
+            problems.append(f"{field} ({per_rank})")
+    if not problems:
+        return ""
+    return (f"hvd.{kind}: the ranks disagree on the {'; '.join(problems)}. Nothing was "
+            "sent; every rank raises this error and the job can go on with its next "
+            "collective")
+
+
+def _check_rows(kind: str, rows: tf.Tensor) -> Optional[tf.Operation]:
+    if tf.executing_eagerly():
+        problem = disagreement(kind, rows.numpy())
+        if problem:
+            raise tf.errors.FailedPreconditionError(None, None, problem)
+        return None
+    message = tf.numpy_function(lambda r: disagreement(kind, r).encode(), [rows], tf.string,
+                                stateful=False)
+    message = tf.reshape(message, [])
+    return smb_ops.check(tf.equal(tf.strings.length(message), 0), message)
+
+
+def agree(kind: str, tensors: Sequence[tf.Tensor], op: int = -1, root: int = -1,
+          option: int = 0, first_free: bool = False) -> List[Any]:
+    """Checks that every rank calls the same collective; returns control
+    dependencies for what follows (none when eager: it raised already)."""
+    rows = _gather_rows(_describe(kind, tensors, op, root, option, first_free))
+    check = _check_rows(kind, rows)
+    return [] if check is None else [check]
+
+
+def exchange(values: tf.Tensor) -> tf.Tensor:
+    """Every rank's int64 vector `values` (agreed length), as [size, len]."""
+    return _gather_rows(tf.cast(values, tf.int64))
+
+
+# ---- Dtype handling ---------------------------------------------------------
+
+def _summable(kind: str, t: tf.Tensor) -> Tuple[tf.Tensor, Optional[tf.DType]]:
+    """`t` in a dtype the box sums (bool as uint8), and the dtype to cast back to."""
+    if t.dtype == tf.bool:
+        return tf.cast(t, tf.uint8), tf.bool
+    if t.dtype not in _SUMMABLE:
+        raise TypeError(f"hvd.{kind}: dtype {t.dtype.name} is not supported; expected one of "
+                        f"{', '.join(d.name for d in _SUMMABLE)} or bool")
+    return t, None
+
+
+def _restore(t: tf.Tensor, dtype: Optional[tf.DType]) -> tf.Tensor:
+    return t if dtype is None else tf.cast(t, dtype)
+
+
+def _scale(t: tf.Tensor, factor: float) -> tf.Tensor:
+    """t * factor as Horovod scales: integers in float64, float16 in float32."""
+    if factor == 1.0:
+        return t
+    if t.dtype.is_integer:
+        return tf.cast(tf.cast(t, tf.float64) * factor, t.dtype)
+    if t.dtype in (tf.float16, tf.bfloat16):
+        return tf.cast(tf.cast(t, tf.float32) * factor, t.dtype)
+    return t * tf.cast(factor, t.dtype)
+
+
+def _factor(value: Any) -> float:
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        return float(tf.get_static_value(value))
+    return float(value)
+
+
+# ---- Gathering on the sum ---------------------------------------------------
+
+def _placed(t: tf.Tensor, offset: tf.Tensor, total: tf.Tensor) -> tf.Tensor:
+    """`t` padded with zero rows to `total` rows, its own rows from `offset`."""
+    rows = tf.shape(t, out_type=tf.int64)[0]
+    pad = tf.stack([offset, total - offset - rows])
+    paddings = tf.concat([tf.reshape(pad, [1, 2]),
+                          tf.zeros([t.shape.rank - 1, 2], tf.int64)], 0)
+    return tf.pad(t, paddings)
+
+
+def _gather_on_sum(tensors: Sequence[tf.Tensor], counts: tf.Tensor) -> List[tf.Tensor]:
+    """Concatenates each tensor over ranks along dimension 0; `counts[r, i]` is
+    rank r's first dimension of tensor i."""
+    me = _this_rank()
+    placed, dtypes = [], []
+    for i, t in enumerate(tensors):
+        t, dtype = _summable("allgather", t)
+        offset = tf.reduce_sum(counts[:me, i])
+        placed.append(_placed(t, offset, tf.reduce_sum(counts[:, i])))
+        dtypes.append(dtype)
+    return [_restore(s, d) for s, d in zip(smb_ops.allreduce(placed), dtypes)]
+
+
+def _first_dims(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    return tf.stack([tf.shape(t, out_type=tf.int64)[0] for t in tensors])
+
+
+def _check_gatherable(kind: str, tensors: Sequence[tf.Tensor]) -> None:
+    for t in tensors:
+        if t.shape.rank == 0:
+            raise tf.errors.InvalidArgumentError(
+                None, None, f"hvd.{kind}: expected tensors of at least one dimension "
+                "(concatenated along the first), got a scalar")
+
+
+def grouped_allgather(tensors: Sequence[Any]) -> List[tf.Tensor]:
+    """Each tensor concatenated over all ranks along dimension 0 (first
+    dimensions may differ per rank). Gradient as Horovod's: this rank's rows of
+    the average over ranks of the upstream gradient."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    _check_gatherable("allgather", tensors)
+    with tf.control_dependencies(agree("allgather", tensors, first_free=True)):
+        counts = exchange(_first_dims(tensors))
+
+    @tf.custom_gradient
+    def gathered(*xs):
+        out = _gather_on_sum(xs, counts)
+
+        def grad(*dys):
+            me = _this_rank()
+            averaged = _average_sum([tf.convert_to_tensor(dy) for dy in dys])
+            return [a[tf.reduce_sum(counts[:me, i]):tf.reduce_sum(counts[:me + 1, i])]
+                    for i, a in enumerate(averaged)]
+        return out, grad
+    out = gathered(*tensors)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _average_sum(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+    return [_scale(s, 1.0 / _world()) for s in smb_ops.allreduce(list(tensors))]
+
+
+def _reduce_by_gather(tensors: Sequence[tf.Tensor], op: int) -> List[tf.Tensor]:
+    """Min, Max or Product: every rank's tensor stacked, reduced here."""
+    me, world = _this_rank(), _world()
+    stacked = []
+    for t in tensors:
+        t, dtype = _summable("allreduce", t)
+        placed = tf.scatter_nd(tf.constant([[me]], tf.int64), t[tf.newaxis], tf.concat(
+            [[world], tf.shape(t, out_type=tf.int64)], 0))
+        stacked.append((placed, dtype))
+    sums = smb_ops.allreduce([s for s, _ in stacked])
+    reduce = {Min: tf.reduce_min, Max: tf.reduce_max, Product: tf.reduce_prod}[op]
+    return [_restore(reduce(s, axis=0), d) for s, (_, d) in zip(sums, stacked)]
+
+
+# ---- Allreduce --------------------------------------------------------------
+
+def grouped_allreduce_dense(tensors: Sequence[tf.Tensor], op: int, prescale: Any = 1.0,
+                            postscale: Any = 1.0) -> List[tf.Tensor]:
+    """Reduces dense tensors over all ranks, fused into one collective."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    if op == Adasum:
+        raise NotImplementedError(
+            "tf_smb.horovod does not implement the Adasum reduction; use hvd.Average "
+            "(or hvd.Sum)")
+    if op not in (Sum, Average, Min, Max, Product):
+        raise ValueError(f"hvd.allreduce: unknown reduce op {op!r}; expected hvd.Sum, "
+                         "hvd.Average, hvd.Min, hvd.Max or hvd.Product")
+    prescale, postscale = _factor(prescale), _factor(postscale)
+    for t in tensors:
+        if t.dtype == tf.bool or t.dtype not in _SUMMABLE:
+            raise TypeError(f"hvd.allreduce: dtype {t.dtype.name} is not supported; "
+                            f"expected one of {', '.join(d.name for d in _SUMMABLE)}")
+    with tf.control_dependencies(agree("allreduce", tensors, op=op)):
+        tensors = [tf.identity(t) for t in tensors]
+    if op in (Min, Max, Product):
+        return [_scale(r, postscale) for r in
+                _reduce_by_gather([_scale(t, prescale) for t in tensors], op)]
+    if op == Average:
+        postscale /= _world()
+    sums = smb_ops.allreduce([_scale(t, prescale) for t in tensors])
+    return [_scale(s, postscale) for s in sums]
+
+
+# ---- Broadcast --------------------------------------------------------------
+
+def _check_root(kind: str, root: int) -> None:
+    if not 0 <= root < _world():
+        raise tf.errors.InvalidArgumentError(
+            None, None, f"hvd.{kind}: expected 0 <= root_rank < {_world()}, got {root}")
+
+
+def broadcast(tensor: Any, root_rank: int) -> tf.Tensor:
+    """Rank `root_rank`'s value of `tensor` on every rank. Gradient as
+    Horovod's: on the root the average over ranks, elsewhere zero."""
+    tensor = tf.convert_to_tensor(tensor)
+    root_rank = int(root_rank)
+    _check_root("broadcast", root_rank)
+    with tf.control_dependencies(agree("broadcast", [tensor], root=root_rank)):
+        tensor = tf.identity(tensor)
+
+    @tf.custom_gradient
+    def broadcast_value(x):
+        def grad(dy):
+            averaged = _average_sum([tf.convert_to_tensor(dy)])[0]
+            # `* 0`, not zeros_like: Grappler folds zeros_like of a known shape into
+            # a constant and would prune this rank's all-reduce.
+            return averaged if _this_rank() == root_rank else averaged * 0
+        return smb_ops.broadcast([x], root=root_rank)[0], grad
+
+    if tensor.dtype.is_floating:
+        return broadcast_value(tensor)
+    return smb_ops.broadcast([tensor], root=root_rank)[0]
+
+
+# ---- Alltoall ---------------------------------------------------------------
+
+def _alltoall_on_sum(x: tf.Tensor, matrix: tf.Tensor) -> tf.Tensor:
+    """What this rank receives: matrix[r, j] rows go from rank r to rank j."""
+    me = _this_rank()
+    sent = tf.reduce_sum(matrix, axis=1)
+    start_of = tf.cumsum(sent, exclusive=True)
+    x, dtype = _summable("alltoall", x)
+    total = smb_ops.allreduce([_placed(x, start_of[me], tf.reduce_sum(sent))])[0]
+    starts = start_of + tf.reduce_sum(matrix[:, :me], axis=1)
+    rows = tf.ragged.range(starts, starts + matrix[:, me]).flat_values
+    return _restore(tf.gather(total, rows), dtype)
+
+
+def alltoall(tensor: Any, splits: Any = None) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Sends splits[j] rows of `tensor` to rank j; returns what this rank
+    received (in rank order) and how many rows came from each rank."""
+    tensor = tf.convert_to_tensor(tensor)
+    world = _world()
+    _check_gatherable("alltoall", [tensor])
+    rows = tf.shape(tensor, out_type=tf.int64)[0]
+    if splits is None:
+        static_rows = tensor.shape[0]
+        if static_rows is not None and static_rows % world:
+            raise tf.errors.InvalidArgumentError(
+                None, None, f"hvd.alltoall: without splits the first dimension must divide "
+                f"by the number of ranks ({world}); got {static_rows}")
+        splits = tf.fill([world], rows // world)
+    splits = tf.cast(tf.convert_to_tensor(splits), tf.int64)
+    static_splits = tf.get_static_value(splits)
+    if splits.shape.rank != 1 or (splits.shape[0] is not None and splits.shape[0] != world):
+        raise tf.errors.InvalidArgumentError(
+            None, None, f"hvd.alltoall: expected splits of shape [{world}] (one count per "
+            f"rank), got shape {splits.shape}")
+    if static_splits is not None and tensor.shape[0] is not None and (
+            (static_splits < 0).any() or static_splits.sum() != tensor.shape[0]):
+        raise tf.errors.InvalidArgumentError(
+            None, None, f"hvd.alltoall: expected non-negative splits summing to the first "
+            f"dimension ({tensor.shape[0]}), got {static_splits.tolist()}")
+    with tf.control_dependencies(agree("alltoall", [tensor], first_free=True)):
+        matrix = exchange(splits)
+    received_splits = matrix[:, _this_rank()]
+
+    @tf.custom_gradient
+    def exchanged(x):
+        def grad(dy):
+            return _alltoall_on_sum(tf.convert_to_tensor(dy), tf.transpose(matrix))
+        return _alltoall_on_sum(x, matrix), grad
+
+    out = exchanged(tensor) if tensor.dtype.is_floating else _alltoall_on_sum(tensor, matrix)
+    return out, tf.cast(received_splits, tf.int32)
+
+
+# ---- Reducescatter ----------------------------------------------------------
+
+def _my_rows(total_rows: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Horovod's split of `total_rows` over ranks: the first (rows % size)
+    ranks get one row more."""
+    me, world = _this_rank(), _world()
+    base, extra = total_rows // world, total_rows % world
+    start = me * base + tf.minimum(tf.cast(me, tf.int64), extra)
+    count = base + tf.cast(me < extra, tf.int64)
+    return start, count
+
+
+def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, prescale: Any = 1.0,
+                          postscale: Any = 1.0) -> List[tf.Tensor]:
+    """Reduces each tensor over ranks (Sum or Average) and keeps this rank's
+    share of the first dimension. Gradient as Horovod's: the allgather of the
+    upstream gradient (times size for Sum, and the scale factors)."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if op not in (Sum, Average):
+        raise NotImplementedError(f"hvd.reducescatter supports hvd.Sum and hvd.Average, got "
+                                  f"{_OP_NAMES.get(op, op)}")
+    if not tensors:
+        return []
+    for t in tensors:
+        if t.shape.rank == 0:
+            raise tf.errors.InvalidArgumentError(
+                None, None, "hvd.reducescatter: expected tensors of at least one dimension "
+                "(scattered along the first), got a scalar")
+    prescale, postscale = _factor(prescale), _factor(postscale)
+    with tf.control_dependencies(agree("reducescatter", tensors, op=op)):
+        tensors = [tf.identity(t) for t in tensors]
+    world = _world()
+    grad_factor = (world if op == Sum else 1.0) * prescale * postscale
+    after = postscale / world if op == Average else postscale
+
+    @tf.custom_gradient
+    def scattered(*xs):
+        sums = smb_ops.allreduce([_scale(x, prescale) for x in xs])
+        out = []
+        for s in sums:
+            start, count = _my_rows(tf.shape(s, out_type=tf.int64)[0])
+            out.append(_scale(s[start:start + count], after))
+
+        def grad(*dys):
+            dys = [_scale(tf.convert_to_tensor(dy), grad_factor) for dy in dys]
+            counts = exchange(_first_dims(dys))
+            return _gather_on_sum(dys, counts)
+        return out, grad
+
+    if all(t.dtype.is_floating for t in tensors):
+        out = scattered(*tensors)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+    sums = smb_ops.allreduce([_scale(t, prescale) for t in tensors])
+    result = []
+    for s in sums:
+        start, count = _my_rows(tf.shape(s, out_type=tf.int64)[0])
+        result.append(_scale(s[start:start + count], after))
+    return result
+
+
+# ---- Barrier and join -------------------------------------------------------
+
+def barrier() -> None:
+    """Returns once every rank has reached it."""
+    agree("barrier", [])
+    smb_ops.barrier()
+
+
+def join() -> tf.Tensor:
+    """Not available: Horovod's join lets ranks that ran out of data serve the
+    others' collectives with zeros; tf_smb's collectives need every rank."""
+    raise NotImplementedError(
+        "tf_smb.horovod does not implement hvd.join(): give every rank the same number "
+        "of steps (e.g. shard the dataset evenly, or repeat it and set steps_per_epoch)")
+
+
+def grouped_broadcast(tensors: Sequence[Any], root_rank: int) -> List[tf.Tensor]:
+    """Rank `root_rank`'s values of every tensor, in one collective (no gradient)."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    root_rank = int(root_rank)
+    _check_root("broadcast", root_rank)
+    if not tensors:
+        return []
+    with tf.control_dependencies(agree("broadcast", tensors, root=root_rank)):
+        tensors = [tf.identity(t) for t in tensors]
+    return smb_ops.broadcast(tensors, root=root_rank)
