@@ -7,9 +7,10 @@ pytest, writing OUT_DIR/rank<R>.xml (JUnit). Adaptations, made at run time
 because the files may not be edited:
   * `horovod.tensorflow` (and its `keras`, `util`, `mpi_ops` modules) is
     tf_smb.horovod: the one-line swap a Horovod user makes;
-  * `horovod` itself is an empty package and `horovod.runner.util.threads`
-    holds the one helper (`in_thread`) that test/utils/common.py imports, so
-    nothing of Horovod is imported;
+  * `horovod` itself is an empty package; `horovod.runner.util.threads` and
+    `horovod.common.util` hold the one helper each that the tests import
+    (`in_thread`, `is_version_greater_equal_than`), so nothing of Horovod is
+    imported; `horovod.keras` is tf_smb.horovod.keras too;
   * `mock` is unittest.mock and `cloudpickle` falls back to pickle when the
     packages are absent (common.py imports them; the tests run here use neither).
 """
@@ -33,6 +34,11 @@ def _in_thread(target, args=(), name=None, daemon=True, silent=False):
     return thread
 
 
+def _version_at_least(ver, min_ver):
+    from packaging import version
+    return version.parse(ver) >= version.parse(min_ver)
+
+
 def alias_horovod():
     """Maps Horovod's TensorFlow modules to tf_smb.horovod."""
     import tf_smb.horovod as hvd
@@ -43,13 +49,17 @@ def alias_horovod():
     sys.modules["horovod.tensorflow.keras"] = hvd_keras
     sys.modules["horovod.tensorflow.util"] = hvd.util
     sys.modules["horovod.tensorflow.mpi_ops"] = hvd
+    sys.modules["horovod.keras"] = hvd_keras  # Horovod's standalone Keras API: the same surface
+    _module("horovod.common", __path__=[])
+    _module("horovod.common.util", is_version_greater_equal_than=_version_at_least)
     _module("horovod.runner", __path__=[])
     _module("horovod.runner.util", __path__=[])
     _module("horovod.runner.util.threads", in_thread=_in_thread)
     try:
         import mock  # noqa: F401
     except ImportError:
-        sys.modules["mock"] = unittest.mock
+        # The `mock` backport is unittest.mock; parameterized reads its version.
+        _module("mock", **vars(unittest.mock)).version_info = (5, 0, 0)
     try:
         import cloudpickle  # noqa: F401
     except ImportError:

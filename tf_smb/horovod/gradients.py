@@ -151,14 +151,18 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,  # noqa: N8
                          groups: Any = None,
                          process_set: basics.ProcessSet = basics.global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """A TF1 optimizer (tf.compat.v1.train.Optimizer) whose compute_gradients
-    reduces the gradients over ranks. Keras 3 optimizers: not yet supported."""
+    """`optimizer` whose gradients are reduced over ranks before it applies
+    them: a Keras 3 optimizer as tf_smb.horovod.keras.DistributedOptimizer; a
+    TF1 optimizer (tf.compat.v1.train.Optimizer) reduces in compute_gradients."""
     import keras  # pylint: disable=import-outside-toplevel
     if isinstance(optimizer, keras.optimizers.Optimizer):
-        raise NotImplementedError(
-            "tf_smb.horovod.DistributedOptimizer does not wrap Keras 3 optimizers yet: "
-            "use tf_smb.horovod.DistributedGradientTape in a custom loop, or "
-            "tf_smb.SMBStrategy for model.fit")
+        from tf_smb.horovod import keras as hvd_keras  # pylint: disable=import-outside-toplevel
+        return hvd_keras.DistributedOptimizer(
+            optimizer, compression=compression, sparse_as_dense=sparse_as_dense,
+            backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor,
+            average_aggregated_gradients=average_aggregated_gradients,
+            process_set=process_set)
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise ValueError(f"hvd.DistributedOptimizer: expected a Keras optimizer or a "
                          f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")

@@ -1,0 +1,53 @@
+"""tf_smb.horovod used as a Horovod user uses it: N processes with
+DistributedOptimizer (or DistributedGradientTape) on local batch B equal one
+process on the global batch N*B, from differently seeded weights that
+BroadcastGlobalVariablesCallback(0) / broadcast_variables make equal; and a
+disagreement fails on every rank without ending the job."""
+from __future__ import annotations
+
+import pytest
+
+import harness
+
+WORKER = "tests/workers/horovod_api_worker.py"
+
+
+def _ranks(scenario: str, np_: int = 2) -> list:
+    r = harness.run_launcher(np_, [WORKER, scenario], timeout=300)
+    assert r.returncode == 0, f"tf_smb.run exited with {r.returncode}:\n{r.stdout[-4000:]}"
+    results = []
+    for rank in range(np_):
+        lines = [l for l in harness.rank_lines(r.stdout, rank) if l.startswith("{")]
+        assert lines, f"rank {rank} printed no result:\n{r.stdout[-3000:]}"
+        results.append(__import__("json").loads(lines[-1]))
+    return results
+
+
+def _single(scenario: str) -> dict:
+    return harness.run_single([WORKER, scenario], timeout=300).check().json()
+
+
+@pytest.mark.parametrize("scenario", ["fit1", "fit2", "tape"])
+def test_two_processes_equal_one_process_on_the_global_batch(scenario):
+    ranks = _ranks(scenario)
+    alone = _single(scenario)
+    for r in ranks:
+        assert harness.max_diff(r["weights"], ranks[0]["weights"]) == 0.0, (
+            f"rank {r['rank']}'s weights differ from rank 0's")
+        assert harness.max_diff(r["weights"], alone["weights"]) < 1e-5, (
+            f"rank {r['rank']} differs from one process on the global batch by "
+            f"{harness.max_diff(r['weights'], alone['weights'])}")
+    if scenario.startswith("fit"):
+        # MetricAverageCallback: every rank reports the same (averaged) loss.
+        assert ranks[0]["loss"] == ranks[1]["loss"]
+    if scenario == "fit2":
+        # 96 rows / 8 per rank = 12 batches per epoch: every 2nd one updates.
+        assert [r["counter"] for r in ranks] == [0, 0]
+
+
+def test_a_disagreeing_collective_fails_on_every_rank_and_the_next_works():
+    ranks = _ranks("disagree")
+    for r in ranks:
+        assert "disagree on the shape" in r["caught"], r
+        assert "rank 0: [3]" in r["caught"] and "rank 1: [4]" in r["caught"], r["caught"]
+        assert r["after"] == [2.0, 2.0, 2.0]
