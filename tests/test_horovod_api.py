@@ -46,8 +46,11 @@ def test_two_processes_equal_one_process_on_the_global_batch(scenario):
 
 
 def test_a_disagreeing_collective_fails_on_every_rank_and_the_next_works():
+    """Eagerly and in a tf.function (whose agreed collectives skip the check later)."""
     ranks = _ranks("disagree")
     for r in ranks:
         assert "disagree on the shape" in r["caught"], r
         assert "rank 0: [3]" in r["caught"] and "rank 1: [4]" in r["caught"], r["caught"]
         assert r["after"] == [2.0, 2.0, 2.0]
+        assert "disagree on the shape" in r["caught_in_graph"], r
+        assert r["after_in_graph"] == [[2.0, 2.0]] * 3

@@ -115,7 +115,7 @@ def size() -> int:
 _SITES_PER_GRAPH: "weakref.WeakKeyDictionary[tf.Graph, int]" = weakref.WeakKeyDictionary()
 
 
-def _call_site(kind: str) -> str:
+def call_site(kind: str) -> str:
     """The key the workers match this collective by ("" when eager).
 
     In a graph: the enclosing graphs' names (numeric suffixes dropped, since
@@ -152,7 +152,7 @@ def allreduce(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
-    return list(_library().smb_all_reduce(tensors, key=_call_site("allreduce")))
+    return list(_library().smb_all_reduce(tensors, key=call_site("allreduce")))
 
 
 def replica_sum(parts: Sequence[Sequence[tf.Tensor]]) -> List[tf.Tensor]:
@@ -215,13 +215,13 @@ def broadcast(tensors: Sequence[tf.Tensor], root: int = 0) -> List[tf.Tensor]:
         return []
     as_int = [t.dtype == tf.bool for t in tensors]
     sent = [tf.cast(t, tf.int32) if b else t for t, b in zip(tensors, as_int)]
-    got = _library().smb_broadcast(sent, root=root, key=_call_site("broadcast"))
+    got = _library().smb_broadcast(sent, root=root, key=call_site("broadcast"))
     return [tf.cast(g, tf.bool) if b else g for g, b in zip(got, as_int)]
 
 
 def barrier() -> None:
     """Returns once every worker has reached it."""
-    _library().smb_barrier(key=_call_site("barrier"))
+    _library().smb_barrier(key=call_site("barrier"))
 
 
 def check(ok: Any, message: Any) -> tf.Operation:

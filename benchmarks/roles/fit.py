@@ -10,7 +10,9 @@ takes seconds, not minutes, on 2 cores).
         --fit_models=cnn,mlp --fit_epochs=8 --fit_batch=256 --samples=cnn:8192,mlp:32768
 
 Kinds: smb_sync, smb_async, smb_async_push (SMBStrategy; the last with read_at="push"),
-horovod (tf_smb.HorovodStrategy, under mpirun or horovodrun), mwms (MultiWorkerMirroredStrategy, RING, from TF_CONFIG) and single (one
+horovod (tf_smb.HorovodStrategy, under mpirun or horovodrun), hvd_api (no strategy:
+Horovod's API on the box, tf_smb.horovod.keras.DistributedOptimizer, each rank fitting
+its shard at batch/size, as a Horovod script does), mwms (MultiWorkerMirroredStrategy, RING, from TF_CONFIG) and single (one
 process: no strategy, OneDeviceStrategy and a 1-worker SMBStrategy, one epoch each in
 turn). Synthetic data, SGD with momentum, no metrics, no XLA. Every rank prints, per
 model and strategy, its epoch times and its median step time (see `step_summary`).
@@ -26,7 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 from benchmarks import common
 
-KINDS = ("smb_sync", "smb_async", "smb_async_push", "horovod", "mwms", "single")
+KINDS = ("smb_sync", "smb_async", "smb_async_push", "horovod", "hvd_api", "mwms", "single")
 FIT_MODELS = ("cnn", "mlp", "mlp10m", "resnet50")
 IMAGE_SHAPES = {"cnn": (28, 28, 1), "resnet50": (32, 32, 3)}
 
@@ -58,8 +60,9 @@ def _layers(model: str) -> list:
             keras.layers.Dense(784, activation="relu"), keras.layers.Dense(10)]
 
 
-def build_fit_model(model: str):
-    """The small CNN, an MLP or ResNet-50, compiled (SGD with momentum, loss only, no XLA)."""
+def build_fit_model(model: str, distributed_optimizer: bool = False):
+    """The small CNN, an MLP or ResNet-50, compiled (SGD with momentum, loss only, no
+    XLA); `distributed_optimizer`: wrapped in tf_smb.horovod.keras.DistributedOptimizer."""
     import keras
     keras.utils.set_random_seed(0)  # the same initial weights on every worker and run
     if model == "resnet50":
@@ -67,7 +70,11 @@ def build_fit_model(model: str):
                                           classes=10, classifier_activation=None)
     else:
         net = keras.Sequential(_layers(model), name=f"bench_{model}")
-    net.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+    if distributed_optimizer:
+        import tf_smb.horovod.keras as hvd
+        optimizer = hvd.DistributedOptimizer(optimizer)
+    net.compile(optimizer=optimizer,
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 jit_compile=False)
     return net
@@ -123,18 +130,28 @@ def run(kind: str, models: Sequence[str], epochs: int, batch: int,
                           "smb_1": tf_smb.SMBStrategy()}
         elif kind == "horovod":
             strategies = {kind: tf_smb.HorovodStrategy()}
+        elif kind == "hvd_api":
+            import tf_smb.horovod.keras as hvd
+            hvd.init()
+            strategies = {kind: tf.distribute.get_strategy()}
         elif kind in ("smb_sync", "smb_async"):
             strategies = {kind: tf_smb.SMBStrategy(mode=kind[4:])}
         elif kind == "smb_async_push":
             strategies = {kind: tf_smb.SMBStrategy(mode="async", read_at="push")}
         else:
             raise ValueError(f"unknown fit strategy {kind!r}")
-        rank = getattr(next(iter(strategies.values())), "rank", 0)
+        rank = hvd.rank() if kind == "hvd_api" else getattr(
+            next(iter(strategies.values())), "rank", 0)
     import keras
 
     for model in models:
         x, y = fit_data(model, samples[model])
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        if kind == "hvd_api":  # a Horovod script shards its data itself
+            dataset = dataset.shard(hvd.size(), hvd.rank()).batch(batch // hvd.size(),
+                                                                  drop_remainder=True)
+        else:
+            dataset = dataset.batch(batch, drop_remainder=True)
         if autotune is not None:
             options = tf.data.Options()
             options.autotune.enabled = autotune
@@ -142,7 +159,7 @@ def run(kind: str, models: Sequence[str], epochs: int, batch: int,
         nets, timers = {}, {}
         for name, strategy in strategies.items():
             with strategy.scope():
-                nets[name] = build_fit_model(model)
+                nets[name] = build_fit_model(model, distributed_optimizer=kind == "hvd_api")
             timers[name] = epoch_timer()
         if len(nets) == 1:
             (name, net), = nets.items()

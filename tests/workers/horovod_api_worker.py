@@ -82,7 +82,20 @@ def scenario_disagree():
     except tf.errors.FailedPreconditionError as e:
         caught = e.message
     after = hvd_tf.allreduce(tf.ones([3]), op=hvd_tf.Sum).numpy().tolist()
-    return {"caught": caught, "after": after}
+
+    @tf.function
+    def in_graph(x):
+        return hvd_tf.allreduce(x, op=hvd_tf.Sum)
+
+    caught_in_graph = ""
+    try:
+        in_graph(tf.ones([3 + hvd.rank()]))
+    except tf.errors.FailedPreconditionError as e:
+        caught_in_graph = e.message
+    # The same traced function, agreed once, runs again without the check.
+    after_in_graph = [in_graph(tf.ones([2])).numpy().tolist() for _ in range(3)]
+    return {"caught": caught, "after": after, "caught_in_graph": caught_in_graph,
+            "after_in_graph": after_in_graph}
 
 
 def main():

@@ -156,13 +156,49 @@ def _check_rows(kind: str, rows: tf.Tensor) -> Optional[tf.Operation]:
     return smb_ops.check(tf.equal(tf.strings.length(message), 0), message)
 
 
+# "call site|description" -> True once the ranks agreed on it, for collectives in
+# tf.functions: a table (not a variable per site: tf.function allows creating
+# variables on its first trace only), made once per process.
+_AGREED: List[Any] = []
+
+
+def _agreed_table() -> Any:
+    if not _AGREED:
+        with tf.init_scope():
+            _AGREED.append(tf.lookup.experimental.MutableHashTable(
+                tf.string, tf.bool, default_value=False, name="hvd_agreed"))
+    return _AGREED[0]
+
+
 def agree(kind: str, tensors: Sequence[tf.Tensor], op: int = -1, root: int = -1,
           option: int = 0, first_free: bool = False) -> List[Any]:
     """Checks that every rank calls the same collective; returns control
-    dependencies for what follows (none when eager: it raised already)."""
-    rows = _gather_rows(_describe(kind, tensors, op, root, option, first_free))
-    check = _check_rows(kind, rows)
-    return [] if check is None else [check]
+    dependencies for what follows (none when eager: it raised already).
+
+    In a tf.function, a collective whose description is fixed when traced
+    (static shapes) is checked on its first run only: later runs of the same
+    traced function cannot describe it differently (Horovod's response cache
+    saves the same round trip). Limit: if a rank later runs the same call site
+    with another description while the others do not, they wait on different
+    collectives until the timeout (fail-stop), as after any divergence."""
+    row = _describe(kind, tensors, op, root, option, first_free)
+    graph = tf.compat.v1.get_default_graph()
+    with tf.init_scope():
+        outside_eager = tf.executing_eagerly()  # not a tf.function inside a TF1 graph
+    if (tf.executing_eagerly() or not getattr(graph, "_building_function", False)
+            or not outside_eager or tf.get_static_value(row) is None):
+        check = _check_rows(kind, _gather_rows(row))
+        return [] if check is None else [check]
+    key = tf.constant(smb_ops.call_site(f"agree_{kind}") + "|" + ",".join(
+        str(int(v)) for v in tf.get_static_value(row)))
+    table = _agreed_table()
+
+    def first_run() -> tf.Tensor:
+        with tf.control_dependencies([_check_rows(kind, _gather_rows(row))]):
+            with tf.control_dependencies([table.insert(key, tf.constant(True))]):
+                return tf.constant(True)
+
+    return [tf.cond(table.lookup(key), lambda: tf.constant(True), first_run)]
 
 
 def exchange(values: tf.Tensor) -> tf.Tensor:
