@@ -1,6 +1,6 @@
 """One rank of Horovod's own tests run against tf_smb.horovod.
 
-    python tests/horovod_peer_worker.py PEER_DIR TEST_FILE OUT_DIR [pytest args...]
+    python tests/horovod_peer_worker.py [--horovod] PEER_DIR TEST_FILE OUT_DIR [pytest args...]
 
 Runs PEER_DIR/test/parallel/TEST_FILE (Horovod 0.28.1's tests, unmodified) with
 pytest, writing OUT_DIR/rank<R>.xml (JUnit). Adaptations, made at run time
@@ -13,6 +13,8 @@ because the files may not be edited:
     imported; `horovod.keras` is tf_smb.horovod.keras too;
   * `mock` is unittest.mock and `cloudpickle` falls back to pickle when the
     packages are absent (common.py imports them; the tests run here use neither).
+With --horovod the tests run on the installed Horovod itself (only the last
+adaptation is made): the same tests, side by side.
 """
 import os
 import sys
@@ -55,6 +57,10 @@ def alias_horovod():
     _module("horovod.runner", __path__=[])
     _module("horovod.runner.util", __path__=[])
     _module("horovod.runner.util.threads", in_thread=_in_thread)
+
+
+def shim_test_helpers():
+    """`mock` and `cloudpickle`, which Horovod's test helpers import."""
     try:
         import mock  # noqa: F401
     except ImportError:
@@ -68,9 +74,14 @@ def alias_horovod():
 
 
 def main(argv):
+    real_horovod = argv[1:2] == ["--horovod"]
+    if real_horovod:
+        argv = argv[:1] + argv[2:]
     peer_dir, test_file, out_dir = argv[1:4]
     rank = os.environ.get("TF_SMB_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
-    alias_horovod()
+    shim_test_helpers()
+    if not real_horovod:
+        alias_horovod()
     sys.path[:0] = [os.path.join(peer_dir, "test", "parallel"),
                     os.path.join(peer_dir, "test", "utils")]
     import pytest

@@ -222,15 +222,20 @@ def _restore(t: tf.Tensor, dtype: Optional[tf.DType]) -> tf.Tensor:
     return t if dtype is None else tf.cast(t, dtype)
 
 
-def _scale(t: tf.Tensor, factor: float) -> tf.Tensor:
-    """t * factor as Horovod scales: integers in float64, float16 in float32."""
-    if factor == 1.0:
+def _scale(t: tf.Tensor, factor: float = 1.0, divisor: int = 1) -> tf.Tensor:
+    """t * factor / divisor as Horovod scales on CPU: integers in float64, float16
+    in float32, other floats in their own dtype. Dividing (not multiplying by
+    1/divisor) keeps an average of equal values exact."""
+    if factor == 1.0 and divisor == 1:
         return t
-    if t.dtype.is_integer:
-        return tf.cast(tf.cast(t, tf.float64) * factor, t.dtype)
-    if t.dtype in (tf.float16, tf.bfloat16):
-        return tf.cast(tf.cast(t, tf.float32) * factor, t.dtype)
-    return t * tf.cast(factor, t.dtype)
+    wide = (tf.float64 if t.dtype.is_integer else
+            tf.float32 if t.dtype in (tf.float16, tf.bfloat16) else t.dtype)
+    x = tf.cast(t, wide)
+    if factor != 1.0:
+        x = x * tf.constant(factor, wide)  # not tf.cast(factor): that rounds via float32
+    if divisor != 1:
+        x = x / tf.constant(divisor, wide)
+    return tf.cast(x, t.dtype)
 
 
 def _factor(value: Any) -> float:
@@ -292,7 +297,7 @@ def grouped_allgather(tensors: Sequence[Any]) -> List[tf.Tensor]:
 
         def grad(*dys):
             me = _this_rank()
-            averaged = _average_sum([tf.convert_to_tensor(dy) for dy in dys])
+            averaged = _average_sum([tf.cast(dy, x.dtype) for dy, x in zip(dys, xs)])
             return [a[tf.reduce_sum(counts[:me, i]):tf.reduce_sum(counts[:me + 1, i])]
                     for i, a in enumerate(averaged)]
         return out, grad
@@ -301,7 +306,7 @@ def grouped_allgather(tensors: Sequence[Any]) -> List[tf.Tensor]:
 
 
 def _average_sum(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-    return [_scale(s, 1.0 / _world()) for s in smb_ops.allreduce(list(tensors))]
+    return [_scale(s, divisor=_world()) for s in smb_ops.allreduce(list(tensors))]
 
 
 def _reduce_by_gather(tensors: Sequence[tf.Tensor], op: int) -> List[tf.Tensor]:
@@ -343,10 +348,9 @@ def grouped_allreduce_dense(tensors: Sequence[tf.Tensor], op: int, prescale: Any
     if op in (Min, Max, Product):
         return [_scale(r, postscale) for r in
                 _reduce_by_gather([_scale(t, prescale) for t in tensors], op)]
-    if op == Average:
-        postscale /= _world()
+    divisor = _world() if op == Average else 1
     sums = smb_ops.allreduce([_scale(t, prescale) for t in tensors])
-    return [_scale(s, postscale) for s in sums]
+    return [_scale(s, postscale, divisor) for s in sums]
 
 
 # ---- Broadcast --------------------------------------------------------------
@@ -369,7 +373,7 @@ def broadcast(tensor: Any, root_rank: int) -> tf.Tensor:
     @tf.custom_gradient
     def broadcast_value(x):
         def grad(dy):
-            averaged = _average_sum([tf.convert_to_tensor(dy)])[0]
+            averaged = _average_sum([tf.cast(dy, x.dtype)])[0]
             # `* 0`, not zeros_like: Grappler folds zeros_like of a known shape into
             # a constant and would prune this rank's all-reduce.
             return averaged if _this_rank() == root_rank else averaged * 0
@@ -466,31 +470,27 @@ def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, prescale: A
         tensors = [tf.identity(t) for t in tensors]
     world = _world()
     grad_factor = (world if op == Sum else 1.0) * prescale * postscale
-    after = postscale / world if op == Average else postscale
+    divisor = world if op == Average else 1
+
+    def forward(xs: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+        out = []
+        for s in smb_ops.allreduce([_scale(x, prescale) for x in xs]):
+            start, count = _my_rows(tf.shape(s, out_type=tf.int64)[0])
+            out.append(_scale(s[start:start + count], postscale, divisor))
+        return out
 
     @tf.custom_gradient
     def scattered(*xs):
-        sums = smb_ops.allreduce([_scale(x, prescale) for x in xs])
-        out = []
-        for s in sums:
-            start, count = _my_rows(tf.shape(s, out_type=tf.int64)[0])
-            out.append(_scale(s[start:start + count], after))
-
         def grad(*dys):
-            dys = [_scale(tf.convert_to_tensor(dy), grad_factor) for dy in dys]
+            dys = [_scale(tf.cast(dy, x.dtype), grad_factor) for dy, x in zip(dys, xs)]
             counts = exchange(_first_dims(dys))
             return _gather_on_sum(dys, counts)
-        return out, grad
+        return forward(xs), grad
 
     if all(t.dtype.is_floating for t in tensors):
         out = scattered(*tensors)
         return list(out) if isinstance(out, (list, tuple)) else [out]
-    sums = smb_ops.allreduce([_scale(t, prescale) for t in tensors])
-    result = []
-    for s in sums:
-        start, count = _my_rows(tf.shape(s, out_type=tf.int64)[0])
-        result.append(_scale(s[start:start + count], after))
-    return result
+    return forward(tensors)
 
 
 # ---- Barrier and join -------------------------------------------------------
