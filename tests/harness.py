@@ -100,8 +100,9 @@ def run_ranks(args: Sequence[str], world: int, timeout: float,
     return results
 
 
-def _run_one(argv: Sequence[str], timeout: float, env: Dict[str, str],
-             cwd: Optional[str] = None) -> Result:
+def run_command(argv: Sequence[str], timeout: float, env: Dict[str, str],
+                cwd: Optional[str] = None) -> Result:
+    """Runs `argv` with exactly `env`; kills it (and raises TimeoutExpired) at `timeout`."""
     outcome, (result,) = _run([(argv, env)], timeout, cwd)
     if outcome.running:
         raise subprocess.TimeoutExpired(list(argv), timeout, result.stdout, result.stderr)
@@ -113,7 +114,7 @@ def run_single(args: Sequence[str], timeout: float,
     """Runs one process with no launcher variables at all; `fresh`: a new
     interpreter, not a fork of the preload server (for what `import` itself does)."""
     e = {k: v for k, v in base_env(env).items() if k not in env_lib.LAUNCHER_VARS}
-    return _run_one([*([sys.executable] if fresh else python()), *args], timeout, e)
+    return run_command([*([sys.executable] if fresh else python()), *args], timeout, e)
 
 
 def run_launcher(np_: int, args: Sequence[str], timeout: float,
@@ -122,7 +123,7 @@ def run_launcher(np_: int, args: Sequence[str], timeout: float,
     """Runs `python -m tf_smb.run [launcher_args] -np N python args...`."""
     argv = [*python(), "-m", "tf_smb.run", *launcher_args, "-np", str(np_),
             *python(), *args]
-    r = _run_one(argv, timeout, base_env(env), cwd=REPO)
+    r = run_command(argv, timeout, base_env(env), cwd=REPO)
     return subprocess.CompletedProcess(argv, r.returncode, r.stdout, r.stderr)
 
 
@@ -139,7 +140,7 @@ def run_mpirun(np_: int, args: Sequence[str], timeout: float, result_dir: str,
     e = {k: v for k, v in base_env(env).items() if not k.startswith("TF_SMB_")}
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_),
             *python(), *args, "--result_dir", result_dir]
-    r = _run_one(argv, timeout, e, cwd=REPO)
+    r = run_command(argv, timeout, e, cwd=REPO)
     assert r.returncode == 0, f"mpirun exited with {r.returncode}:\n{r.stderr[-4000:]}{r.stdout[-2000:]}"
     results = []
     for rank in range(np_):

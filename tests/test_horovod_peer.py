@@ -1,5 +1,5 @@
 """tf_smb.horovod against Horovod's own tests: Horovod 0.28.1's
-test/parallel/test_tensorflow.py, unmodified, from ../shared/peer/, at 2
+test/parallel/test_tensorflow.py, unmodified, from ../shared/peer/, at 2 and 3
 processes under mpirun (as Horovod runs it), with `horovod.tensorflow`
 mapped to tf_smb.horovod (tests/horovod_peer_worker.py says how).
 
@@ -37,6 +37,31 @@ NOT_PASSING = {
                                "has no `fused` argument",
     "test_partial_distributed_gradient_tape": "calls var.ref() on Keras 3 variables, which "
                                               "have no ref()",
+}
+
+
+# At 3 processes, also these: their own expected values are not what exact
+# arithmetic gives, so they fail under Horovod 0.28.1 itself too (the same tests
+# run on the installed Horovod: `mpirun -np 3 python tests/horovod_peer_worker.py
+# --horovod PEER test_tensorflow.py OUT -k ...`, docs/horovod.md).
+_REASSOCIATED = ("in graph mode TensorFlow's optimizer rewrites the test's expected "
+                 "(f*x)*3 as x*(3f), 1 ulp off on about a third of the float32 elements; "
+                 "tf_smb's result equals numpy's exact f*x*3")
+_INEXACT_AVERAGE = ("compares the average of 3 equal float16/float32 values with the value "
+                    "itself at tolerance 0, but (x+x+x)/3 is not always x in floating point")
+_F16_OVERFLOW = ("the product of 3 values up to 100 overflows float16 to inf in the test's "
+                 "reference too, and inf - inf = NaN fails the comparison")
+NOT_PASSING_AT_3 = {
+    **NOT_PASSING,
+    "test_horovod_allreduce_cpu_prescale": _REASSOCIATED,
+    "test_horovod_allreduce_cpu_postscale": _REASSOCIATED,
+    "test_horovod_reducescatter_cpu_prescale": _REASSOCIATED,
+    "test_horovod_grouped_reducescatter_cpu_prescale": _REASSOCIATED,
+    "test_horovod_grouped_allreduce_average_cpu": _INEXACT_AVERAGE,
+    "test_horovod_grouped_allreduce_mixed_indexed_slices_average_cpu": _INEXACT_AVERAGE,
+    "test_horovod_allreduce_product_cpu": _F16_OVERFLOW,
+    "test_horovod_grouped_allreduce_product_cpu": _F16_OVERFLOW,
+    "test_model_parallel_model": "written for exactly 2 processes: skips itself at other sizes",
 }
 
 
@@ -82,37 +107,43 @@ KERAS_NOT_PASSING = {
 }
 
 
-def _run_peer(test_file: str, *pytest_args: str) -> list:
-    """Each rank's outcomes of Horovod's `test_file` at 2 processes under mpirun."""
+def _run_peer(test_file: str, *pytest_args: str, processes: int = 2) -> list:
+    """Each rank's outcomes of Horovod's `test_file` under mpirun."""
     with tempfile.TemporaryDirectory() as out:
-        argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+        argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(processes),
                 "-x", "TF_SMB_TIMEOUT", *harness.python(),
                 os.path.join(harness.REPO, "tests", "horovod_peer_worker.py"), PEER,
                 test_file, out, *pytest_args]
         env = {k: v for k, v in harness.base_env({"TF_SMB_TIMEOUT": "60"}).items()
                if k not in harness.env_lib.LAUNCHER_VARS}
-        result = harness._run_one(argv, 900, env, cwd=harness.REPO)  # pylint: disable=protected-access
+        result = harness.run_command(argv, 900, env, cwd=harness.REPO)
         assert result.returncode == 0, (
             f"mpirun exited with {result.returncode}:\n{result.stdout[-4000:]}"
             f"{result.stderr[-3000:]}")
-        ranks = [_outcomes(os.path.join(out, f"rank{r}.xml")) for r in range(2)]
+        ranks = [_outcomes(os.path.join(out, f"rank{r}.xml")) for r in range(processes)]
     for outcomes in ranks:
         outcomes.pop("test_session", None)  # tf.test.TestCase's helper, "Not a test"
-    assert ranks[0] == ranks[1], "the ranks disagree on which tests passed"
+    for r, outcomes in enumerate(ranks[1:], 1):
+        assert outcomes == ranks[0], f"ranks 0 and {r} disagree on which tests passed"
     return ranks
 
 
 @needs_peer
-def test_horovods_tensorflow_tests_at_2_processes():
-    for r, outcomes in enumerate(_run_peer("test_tensorflow.py", "-k", "not gpu")):
+@pytest.mark.parametrize("processes,expected_not_passing", [(2, NOT_PASSING),
+                                                            (3, NOT_PASSING_AT_3)])
+def test_horovods_tensorflow_tests(processes, expected_not_passing):
+    ranks = _run_peer("test_tensorflow.py", "-k", "not gpu", processes=processes)
+    for r, outcomes in enumerate(ranks):
         assert len(outcomes) == CPU_TESTS, f"rank {r} ran {len(outcomes)} tests, expected {CPU_TESTS}"
         not_passing = {n: s for n, s in outcomes.items() if s != "passed"}
-        unexpected = {n: s for n, s in not_passing.items() if n not in NOT_PASSING}
+        unexpected = {n: s for n, s in not_passing.items() if n not in expected_not_passing}
         assert not unexpected, f"rank {r}: tests that should pass did not: {unexpected}"
-        # 83 of 90: the 7 others cannot pass on TensorFlow 2 with Keras 3 (NOT_PASSING).
-        assert set(not_passing) == set(NOT_PASSING), (
+        # 2 processes: 83 of 90 (the 7 of NOT_PASSING cannot pass on TensorFlow 2 with
+        # Keras 3); 3 processes: 74 (also a 2-process-only test, and 8 whose
+        # checks fail under Horovod too).
+        assert set(not_passing) == set(expected_not_passing), (
             f"rank {r}: tests listed as not passing now pass: "
-            f"{sorted(set(NOT_PASSING) - set(not_passing))}; update NOT_PASSING")
+            f"{sorted(set(expected_not_passing) - set(not_passing))}; update the list")
 
 
 @needs_peer

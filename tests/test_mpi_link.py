@@ -11,7 +11,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-from harness import REPO, WORKERS, _run_one, base_env, max_diff, run_single
+from harness import REPO, WORKERS, run_command, base_env, max_diff, run_single
 
 ORDERING = os.path.join(WORKERS, "ordering_worker.py")
 KERAS = os.path.join(WORKERS, "keras_worker.py")
@@ -32,7 +32,7 @@ def mpirun_json(np_: int, args: List[str], timeout: float,
         argv += ["-x", name]
     argv += [sys.executable, *args]
     try:
-        r = _run_one(argv, timeout, e, cwd=REPO)
+        r = run_command(argv, timeout, e, cwd=REPO)
         assert r.returncode == 0, (f"mpirun exited with {r.returncode}:\n{r.stderr[-4000:]}\n"
                                    f"{r.stdout[-3000:]}")
         by_rank = {}

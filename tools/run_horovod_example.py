@@ -1,6 +1,6 @@
 """Runs one of Horovod 0.28.1's TensorFlow 2 examples on tf_smb.horovod.
 
-    python tools/run_horovod_example.py EXAMPLE.py [-np N] [-- EXAMPLE ARGS...]
+    python tools/run_horovod_example.py EXAMPLE.py [-np N] [--horovod] [--short] [-- EXAMPLE ARGS...]
 
 The example (from ../shared/peer/horovod-0.28.1/examples/tensorflow2/) is copied
 with only these changes, each printed before the run:
@@ -11,7 +11,10 @@ with only these changes, each printed before the run:
   * data: MNIST cannot be downloaded here, so `tf.keras.datasets.mnist.load_data(...)`
     reads scikit-learn's 1,797 handwritten 8x8 digits (shipped with it), scaled to
     28x28 and 0..255 like MNIST, 80% for training.
-Then it runs under `python -m tf_smb.run -np N`.
+--short (for tests) also cuts the examples' fixed lengths: 2 epochs of 60
+steps, 200 custom-loop steps. Then it runs under `python -m tf_smb.run -np N`. With --horovod the import
+lines stay and the same copy runs on the installed Horovod under `mpirun`: the
+comparison swaps one thing only.
 """
 from __future__ import annotations
 
@@ -23,8 +26,9 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = os.path.join(os.path.dirname(REPO), "shared", "peer", "horovod-0.28.1",
-                        "examples", "tensorflow2")
+PEER = os.environ.get("TF_SMB_PEER_DIR") or os.path.join(
+    os.path.dirname(REPO), "shared", "peer", "horovod-0.28.1")
+EXAMPLES = os.path.join(PEER, "examples", "tensorflow2")
 
 LOCAL_MNIST = '''
 def _local_mnist(path=None):
@@ -48,9 +52,17 @@ CHANGES = [
     (r"tf\.keras\.datasets\.mnist\.load_data\(", "_local_mnist("),
 ]
 
+SHORT = [
+    (r"epochs=24\b", "epochs=2"),
+    (r"steps_per_epoch=500 // hvd\.size\(\)", "steps_per_epoch=60 // hvd.size()"),
+    (r"dataset\.take\(10000 // hvd\.size\(\)\)", "dataset.take(200 // hvd.size())"),
+]
 
-def adapted(source: str) -> str:
-    for pattern, replacement in CHANGES:
+
+def adapted(source: str, keep_horovod: bool = False, short: bool = False) -> str:
+    """The example's source with the changes (each printed)."""
+    changes = (CHANGES[3:] if keep_horovod else CHANGES) + (SHORT if short else [])
+    for pattern, replacement in changes:
         source, count = re.subn(pattern, replacement, source, flags=re.M)
         if count:
             print(f"changed {count}x: {pattern!r} -> {replacement!r}", flush=True)
@@ -59,22 +71,35 @@ def adapted(source: str) -> str:
     return source
 
 
+def prepare(example: str, folder: str, keep_horovod: bool = False,
+            short: bool = False) -> str:
+    """Writes the adapted copy of `example` (a path, or a name in EXAMPLES)
+    into `folder`; returns its path."""
+    path = example if os.path.isfile(example) else os.path.join(EXAMPLES, example)
+    with open(path) as f:
+        source = adapted(f.read(), keep_horovod, short)
+    copy = os.path.join(folder, os.path.basename(path))
+    with open(copy, "w") as f:
+        f.write(source)
+    return copy
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("example")
     p.add_argument("-np", type=int, default=2)
+    p.add_argument("--horovod", action="store_true",
+                   help="run on the installed Horovod (mpirun), imports unchanged")
+    p.add_argument("--short", action="store_true", help="cut the examples' fixed lengths")
     p.add_argument("rest", nargs="*")
     a = p.parse_args(argv)
-    path = a.example if os.path.isfile(a.example) else os.path.join(EXAMPLES, a.example)
-    with open(path) as f:
-        source = adapted(f.read())
     with tempfile.TemporaryDirectory() as tmp:
-        copy = os.path.join(tmp, os.path.basename(path))
-        with open(copy, "w") as f:
-            f.write(source)
-        argv = [sys.executable, "-m", "tf_smb.run", "-np", str(a.np), sys.executable, copy,
-                *a.rest]
-        return subprocess.call(argv, cwd=tmp)
+        copy = prepare(a.example, tmp, a.horovod, a.short)
+        if a.horovod:
+            launcher = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np)]
+        else:
+            launcher = [sys.executable, "-m", "tf_smb.run", "-np", str(a.np)]
+        return subprocess.call([*launcher, sys.executable, copy, *a.rest], cwd=tmp)
 
 
 if __name__ == "__main__":
