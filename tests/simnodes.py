@@ -353,22 +353,24 @@ class SimulatedNodes:
 
     def start_mpirun(self, np_: int, per_node: int, argv: Sequence[str],
                      env: Optional[Mapping[str, str]] = None,
-                     extra_mca: Sequence[Tuple[str, str]] = ()) -> Running:
+                     extra_mca: Sequence[Tuple[str, str]] = (),
+                     cwd: Optional[str] = None) -> Running:
         """Starts mpirun in node 0, owning the nodes (see Running). Its environment:
         harness.base_env() without launcher or TF_SMB_ variables, then `env`, whose
-        variables reach every rank."""
+        variables reach every rank; `cwd`: the ranks' working folder (the checkout)."""
         e = {k: v for k, v in harness.base_env().items()
              if not k.startswith("TF_SMB_") and k not in harness.env_lib.LAUNCHER_VARS}
         e.update(env or {})
         forward = [k for k in FORWARD if k in e] + list(env or {})
         return self.start(0, self.mpirun_argv(np_, per_node, argv, forward, extra_mca), e,
-                          owns_nodes=True)
+                          cwd=cwd, owns_nodes=True)
 
     def mpirun(self, np_: int, per_node: int, argv: Sequence[str], timeout: float,
                env: Optional[Mapping[str, str]] = None,
-               extra_mca: Sequence[Tuple[str, str]] = ()) -> Launch:
+               extra_mca: Sequence[Tuple[str, str]] = (),
+               cwd: Optional[str] = None) -> Launch:
         """Runs mpirun across the nodes and waits up to `timeout` s."""
-        return self.start_mpirun(np_, per_node, argv, env, extra_mca).wait(timeout)
+        return self.start_mpirun(np_, per_node, argv, env, extra_mca, cwd).wait(timeout)
 
 
 def reap_stale() -> List[str]:

@@ -91,15 +91,16 @@ def main(argv=None) -> int:
     p.add_argument("--horovod", action="store_true",
                    help="run on the installed Horovod (mpirun), imports unchanged")
     p.add_argument("--short", action="store_true", help="cut the examples' fixed lengths")
-    p.add_argument("rest", nargs="*")
-    a = p.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     with tempfile.TemporaryDirectory() as tmp:
         copy = prepare(a.example, tmp, a.horovod, a.short)
         if a.horovod:
             launcher = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np)]
         else:
             launcher = [sys.executable, "-m", "tf_smb.run", "-np", str(a.np)]
-        return subprocess.call([*launcher, sys.executable, copy, *a.rest], cwd=tmp)
+        return subprocess.call([*launcher, sys.executable, copy, *rest], cwd=tmp)
 
 
 if __name__ == "__main__":
