@@ -5,6 +5,11 @@ BroadcastGlobalVariablesCallback(0) / broadcast_variables make equal; and a
 disagreement fails on every rank without ending the job."""
 from __future__ import annotations
 
+import json
+import os
+import re
+import sys
+
 import pytest
 
 import harness
@@ -23,13 +28,37 @@ def _ranks(scenario: str, np_: int = 2) -> list:
     return results
 
 
+def _horovodrun_ranks(scenario: str) -> list:
+    """The same worker under Horovod's own launcher (Gloo mode: no MPI), as a
+    Horovod user launches a script; Horovod's runner places the processes,
+    nothing of Horovod runs in them."""
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    assert os.path.exists(horovodrun), "tools/test.sh installs Horovod (tools/install_horovod.sh)"
+    argv = [horovodrun, "-np", "2", "--gloo", sys.executable,
+            os.path.join(harness.REPO, WORKER), scenario]
+    env = {k: v for k, v in harness.base_env().items() if k not in harness.env_lib.LAUNCHER_VARS}
+    r = harness.run_command(argv, 600, env, cwd=harness.REPO)
+    assert r.returncode == 0, f"horovodrun exited with {r.returncode}:\n{r.stdout[-4000:]}"
+    results = {}
+    for line in r.stdout.splitlines():
+        m = re.match(r"^\[(\d+)\]<stdout>:(\{.*)$", line)
+        if m:
+            results[int(m.group(1))] = json.loads(m.group(2))
+    assert sorted(results) == [0, 1], f"ranks with a result: {sorted(results)}:\n{r.stdout[-3000:]}"
+    return [results[0], results[1]]
+
+
 def _single(scenario: str) -> dict:
     return harness.run_single([WORKER, scenario], timeout=300).check().json()
 
 
-@pytest.mark.parametrize("scenario", ["fit1", "fit2", "tape"])
+@pytest.mark.parametrize("scenario", ["fit1", "fit2", "tape", "fit1 under horovodrun"])
 def test_two_processes_equal_one_process_on_the_global_batch(scenario):
-    ranks = _ranks(scenario)
+    if scenario.endswith("under horovodrun"):
+        scenario = scenario.split()[0]
+        ranks = _horovodrun_ranks(scenario)
+    else:
+        ranks = _ranks(scenario)
     alone = _single(scenario)
     for r in ranks:
         assert harness.max_diff(r["weights"], ranks[0]["weights"]) == 0.0, (

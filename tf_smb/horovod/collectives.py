@@ -257,18 +257,35 @@ def _placed(t: tf.Tensor, offset: tf.Tensor, total: tf.Tensor) -> tf.Tensor:
 
 def _gather_on_sum(tensors: Sequence[tf.Tensor], counts: tf.Tensor) -> List[tf.Tensor]:
     """Concatenates each tensor over ranks along dimension 0; `counts[r, i]` is
-    rank r's first dimension of tensor i."""
+    rank r's first dimension of tensor i. Each tensor goes as a matrix [rows,
+    rest] padded with zero rows around its own; the paddings of all tensors are
+    computed together (few graph nodes: graph-mode runs pay for every node)."""
     me = _this_rank()
-    placed, dtypes = [], []
-    for i, t in enumerate(tensors):
+    before = tf.reduce_sum(counts[:me], axis=0)
+    after = tf.reduce_sum(counts[me + 1:], axis=0)
+    zero = tf.zeros_like(before)
+    paddings = tf.unstack(tf.reshape(tf.stack([before, after, zero, zero], axis=1),
+                                     [len(tensors), 2, 2]), num=len(tensors))
+    placed, restores = [], []
+    for i, (t, pad) in enumerate(zip(tensors, paddings)):
         t, dtype = _summable("allgather", t)
-        offset = tf.reduce_sum(counts[:me, i])
-        placed.append(_placed(t, offset, tf.reduce_sum(counts[:, i])))
-        dtypes.append(dtype)
-    return [_restore(s, d) for s, d in zip(smb_ops.allreduce(placed), dtypes)]
+        rest = t.shape[1:]
+        if rest.is_fully_defined() and rest.num_elements() > 0:
+            matrix, out_shape = [-1, rest.num_elements()], [-1, *rest.as_list()]
+        else:  # dynamic or empty rows: -1 cannot be inferred from 0 elements
+            shape = tf.shape(t, out_type=tf.int64)
+            matrix = tf.stack([shape[0], tf.reduce_prod(shape[1:])])
+            out_shape = tf.concat([[tf.reduce_sum(counts[:, i])], shape[1:]], 0)
+        placed.append(tf.pad(tf.reshape(t, matrix), pad))
+        restores.append((out_shape, dtype))
+    return [_restore(tf.reshape(s, shape), dtype)
+            for s, (shape, dtype) in zip(smb_ops.allreduce(placed), restores)]
 
 
 def _first_dims(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    dims = [t.shape[0] for t in tensors]
+    if all(d is not None for d in dims):
+        return tf.constant(dims, tf.int64)
     return tf.stack([tf.shape(t, out_type=tf.int64)[0] for t in tensors])
 
 
