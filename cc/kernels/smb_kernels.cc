@@ -881,12 +881,19 @@ class SmbClockTickOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     Tensor* gap = nullptr;
     OP_REQUIRES_OK_ASYNC(c, c->allocate_output(0, TensorShape({}), &gap), done);
+    std::shared_ptr<smb::Communicator> comm;
+    OP_REQUIRES_OK_ASYNC(c, SmbContext::Get().Shared(&comm), done);
     const int64_t staleness = staleness_;
+    const uint64_t step = comm->clock().Advance();
+    if (comm->clock().Within(step, staleness, &gap->scalar<int64_t>()())) {
+      done();  // most steps: no wait, so no thread
+      return;
+    }
     // Not on the collective thread: a staleness wait must not hold back
     // another op's collective, and it touches only atomics in the box.
-    RunBlocking(c, done, [gap, staleness](smb::Communicator* comm) {
+    RunBlocking(c, done, [gap, step, staleness](smb::Communicator* comm) {
       int64_t g = 0;
-      smb::Status s = comm->clock().Tick(staleness, &g);
+      smb::Status s = comm->clock().WaitWithin(step, staleness, &g);
       gap->scalar<int64_t>()() = g;
       return s;
     });

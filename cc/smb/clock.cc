@@ -8,45 +8,70 @@
 namespace smb {
 
 Status StepClock::Tick(int64_t staleness, int64_t* lead) {
+  return WaitWithin(Advance(), staleness, lead);
+}
+
+uint64_t StepClock::Advance() {
+  if (group_->alone()) return 0;
+  RankControl& mine = group_->peers()->control()->ranks[group_->rank()];
+  const uint64_t step = mine.clock.fetch_add(1) + 1;
+  group_->Poke();
+  if (group_->link() != nullptr) group_->link()->PublishClock(step, false);
+  return step;
+}
+
+uint64_t StepClock::Slowest(uint64_t step) const {
+  // Among ranks still training (mine: none left), on this node and, across
+  // nodes, as last heard from the others.
+  const RankControl* ranks = group_->peers()->control()->ranks;
+  uint64_t low = step;
+  for (int r = 0; r < group_->world(); ++r) {
+    if (r == group_->rank() || ranks[r].finished.load() || group_->RankGone(r)) continue;
+    low = std::min<uint64_t>(low, ranks[r].clock.load(std::memory_order_acquire));
+  }
+  if (group_->link() != nullptr) {
+    for (const RemoteClock& c : group_->link()->RemoteClocks()) {
+      if (!c.finished) low = std::min<uint64_t>(low, c.steps);
+    }
+  }
+  return low;
+}
+
+bool StepClock::Within(uint64_t step, int64_t staleness, int64_t* lead) const {
   *lead = 0;
-  const int world = group_->world();
+  if (group_->alone()) return true;
+  // A failed group answers through WaitWithin's error.
+  if (!group_->Failure().ok()) return false;
+  const uint64_t ahead = step - Slowest(step);
+  if (staleness >= 0 && ahead > static_cast<uint64_t>(staleness)) return false;
+  *lead = static_cast<int64_t>(ahead);
+  timeline::Scope scope(group_->rank(), timeline::kClock, "clock tick wait", "clock");
+  if (scope.active()) scope.set_arg("lead", *lead);
+  return true;
+}
+
+Status StepClock::WaitWithin(uint64_t step, int64_t staleness, int64_t* lead) {
+  *lead = 0;
   if (group_->alone()) return Status::Ok();
   const int me = group_->rank();
   timeline::Scope scope(me, timeline::kClock, "clock tick wait", "clock");
-  RankControl* ranks = group_->peers()->control()->ranks;
-  const uint64_t mine = ranks[me].clock.fetch_add(1) + 1;
-  group_->Poke();
-  NodeLink* link = group_->link();
-  if (link != nullptr) link->PublishClock(mine, false);
-  // Slowest clock among ranks still training (mine: none left), on this
-  // node and, across nodes, as last heard from the others.
-  auto slowest = [&]() -> uint64_t {
-    uint64_t low = mine;
-    for (int r = 0; r < world; ++r) {
-      if (r == me || ranks[r].finished.load() || group_->RankGone(r)) continue;
-      low = std::min<uint64_t>(low, ranks[r].clock.load(std::memory_order_acquire));
-    }
-    if (link != nullptr) {
-      for (const RemoteClock& c : link->RemoteClocks()) {
-        if (!c.finished) low = std::min<uint64_t>(low, c.steps);
-      }
-    }
-    return low;
-  };
   if (staleness >= 0) {
+    const RankControl* ranks = group_->peers()->control()->ranks;
+    NodeLink* link = group_->link();
+    const auto bound = static_cast<uint64_t>(staleness);
     SMB_RETURN_IF_ERROR(group_->WaitUntil(
         "a staleness wait (bound " + std::to_string(staleness) + ")",
-        [&] { return mine - slowest() <= static_cast<uint64_t>(staleness); },
+        [&] { return step - Slowest(step) <= bound; },
         [&] {
           std::string slow;
-          for (int r = 0; r < world; ++r) {
-            if (r != me && mine - ranks[r].clock.load() > static_cast<uint64_t>(staleness)) {
+          for (int r = 0; r < group_->world(); ++r) {
+            if (r != me && step - ranks[r].clock.load() > bound) {
               slow += (slow.empty() ? "" : ", ") + std::to_string(group_->JobRankOf(r));
             }
           }
           if (link != nullptr) {
             for (const RemoteClock& c : link->RemoteClocks()) {
-              if (!c.finished && mine - c.steps > static_cast<uint64_t>(staleness)) {
+              if (!c.finished && step - c.steps > bound) {
                 slow += (slow.empty() ? "" : ", ") + std::to_string(c.rank);
               }
             }
@@ -54,7 +79,7 @@ Status StepClock::Tick(int64_t staleness, int64_t* lead) {
           return slow;
         }));
   }
-  *lead = static_cast<int64_t>(mine - slowest());
+  *lead = static_cast<int64_t>(step - Slowest(step));
   if (scope.active()) scope.set_arg("lead", *lead);
   return Status::Ok();
 }

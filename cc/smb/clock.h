@@ -29,6 +29,13 @@ class StepClock {
   // `staleness` steps ahead of the slowest rank still training (staleness < 0:
   // never wait). *lead is how far ahead it then is.
   Status Tick(int64_t staleness, int64_t* lead);
+  // Tick in two halves, so that only a wait that must block needs a thread of
+  // its own: Advance starts the next step and returns its number; Within is
+  // true when step `step` need not wait (it then sets *lead and records the
+  // tick on the timeline, as Tick does); else WaitWithin waits as Tick does.
+  uint64_t Advance();
+  bool Within(uint64_t step, int64_t staleness, int64_t* lead) const;
+  Status WaitWithin(uint64_t step, int64_t staleness, int64_t* lead);
   // Finished ranks no longer hold the others back; Resume undoes Finish.
   void Finish();
   void Resume();
@@ -38,6 +45,9 @@ class StepClock {
   uint64_t Steps(int rank) const;
 
  private:
+  // The slowest step among the ranks still training, at most `step`.
+  uint64_t Slowest(uint64_t step) const;
+
   Group* group_;
 };
 

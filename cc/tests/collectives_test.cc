@@ -218,16 +218,27 @@ void TestGoneRankFailsTheOthers() {
 }
 
 void TestStepClock() {
-  // Staleness 1: rank 0 never gets more than 1 step ahead of rank 1.
+  // Staleness 1: rank 0 never gets more than 1 step ahead of rank 1. Rank 0
+  // ticks in two halves as the TF op does (waiting only when Within says so).
   std::atomic<int64_t> max_lead{0};
-  RunRanks(2, 1024, 30, [&max_lead](int rank, std::shared_ptr<smb::Communicator> comm) {
+  std::atomic<int> waits{0};
+  RunRanks(2, 1024, 30, [&](int rank, std::shared_ptr<smb::Communicator> comm) {
     // The TF layer may change the timeout while another thread waits.
     std::thread retimer([comm] {
       for (int k = 0; k < 100; ++k) comm->set_timeout(30.0 + k);
     });
     for (int step = 0; step < 50; ++step) {
       int64_t lead = 0;
-      Check(comm->clock().Tick(1, &lead).ok(), "clock tick");
+      if (rank == 0) {
+        smb::StepClock& clock = comm->clock();
+        const uint64_t mine = clock.Advance();
+        if (!clock.Within(mine, 1, &lead)) {
+          ++waits;
+          Check(clock.WaitWithin(mine, 1, &lead).ok(), "clock wait");
+        }
+      } else {
+        Check(comm->clock().Tick(1, &lead).ok(), "clock tick");
+      }
       if (rank == 0) {
         int64_t seen = max_lead.load();
         while (lead > seen && !max_lead.compare_exchange_weak(seen, lead)) {
@@ -241,6 +252,7 @@ void TestStepClock() {
     Check(comm->clock().WaitAllFinished().ok(), "wait all finished");
   });
   Check(max_lead.load() <= 1, "staleness bound held: lead " + std::to_string(max_lead.load()));
+  Check(waits.load() > 0, "rank 0, never slowed, had to wait");
 }
 
 // The replicas of one process summed in place by parts on threads: every

@@ -263,13 +263,12 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   double last_pass_ = 0;            // when the loop last looked at liveness
   std::atomic<bool> peers_lost_{false};  // a rank is gone: never MPI_Finalize
   std::atomic<bool> keep_going_{false};  // see KeepGoingWithoutLostRanks
-  std::vector<bool> lost_;               // by job rank (mu_)
+  std::vector<bool> lost_;               // by job rank (written on the thread, under mu_)
   std::string lost_names_;               // "2 (node 1), 3 (node 1)" (mu_)
   void CheckLiveness(double now);
-  bool Lost(int rank) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return lost_[rank];
-  }
+  // Thread only, without mu_: only the thread writes lost_ (under mu_, for
+  // the other threads' readers), and it asks on every send.
+  bool Lost(int rank) const { return lost_[rank]; }
   // Every other rank sent kTagLeaving or is lost (thread only).
   bool OthersGone() const;
 };
