@@ -219,6 +219,7 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   bool offer_pending_ = false;
   std::vector<uint64_t> offer_;       // [applied, keys...]
   std::vector<uint64_t> last_offer_;
+  size_t awaiting_ = 0;               // keys offered and not yet decided
   std::deque<uint64_t> decisions_;
   uint64_t applied_ = 0;              // decisions taken by NextDecision
   // Failure.
@@ -384,7 +385,13 @@ void MpiLink::Work(const MpiLinkOptions& options) {
     done_cv_.notify_all();
     return;
   }
-  double idle_s = 0;  // sleeps grow while nothing happens, up to 1 ms
+  // Sleeps grow while nothing happens: up to 1 ms when idle, but only up to
+  // 50 us while anything is in flight (an MPI operation, a segment call, or
+  // an offer awaiting its decision): MPI progresses, and a message is seen,
+  // only when this thread polls. (Measured: a fit step of a 0.67M-parameter
+  // MLP, 2 nodes x 2 workers, 5 Gbit/s, took 33 ms at 1 ms, 24 ms at 50 us.)
+  constexpr double kIdleSleepS = 1e-3, kInFlightSleepS = 50e-6;
+  double idle_s = 0;
   for (;;) {
     bool busy = false;
     std::deque<std::shared_ptr<Op>> starting;
@@ -502,8 +509,9 @@ void MpiLink::Work(const MpiLinkOptions& options) {
       idle_s = 0;
       continue;
     }
-    idle_s = std::min(1e-3, std::max(2e-5, idle_s * 2));
     std::unique_lock<std::mutex> lock(mu_);
+    const bool in_flight = !active_.empty() || !calls_.empty() || awaiting_ > 0;
+    idle_s = std::min(in_flight ? kInFlightSleepS : kIdleSleepS, std::max(2e-5, idle_s * 2));
     work_cv_.wait_for(lock, std::chrono::duration<double>(idle_s), [&] {
       // Once leaving, a stopping link still sleeps between polls.
       return !queue_.empty() || offer_pending_ || (stop_ && !sent_leaving_) ||
@@ -745,6 +753,7 @@ void MpiLink::Decide() {
 
 void MpiLink::OfferCandidates(const std::vector<uint64_t>& keys) {
   std::lock_guard<std::mutex> lock(mu_);
+  awaiting_ = keys.size();
   std::vector<uint64_t> message;
   message.reserve(keys.size() + 1);
   message.push_back(applied_);
@@ -762,6 +771,7 @@ bool MpiLink::NextDecision(uint64_t* key) {
   *key = decisions_.front();
   decisions_.pop_front();
   ++applied_;
+  if (awaiting_ > 0) --awaiting_;
   return true;
 }
 
