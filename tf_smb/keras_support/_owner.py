@@ -6,7 +6,7 @@ process exactly as Keras made it.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Tuple
 
 # Async SMB strategies of 2+ workers, for objects that do not record theirs (layers).
 _ASYNC_STRATEGIES: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -54,3 +54,36 @@ def async_strategy_holding(variables: Iterable[Any]) -> Optional[Any]:
         if any(r in segments for r in refs):
             return strategy
     return None
+
+
+# The two async questions the hooks ask differ: fit asks how to run (clocked
+# steps across processes, or one process's replica threads); the weight hooks
+# ask where the master copies live (a box shared by 2+ processes).
+
+def async_fit_strategy(model: Any) -> Tuple[Optional[Any], bool]:
+    """(the model's SMBStrategy, whether it is one process of local replicas)
+    when the model trains asynchronously, else (None, False). Several processes
+    take fit's clocked path; one process of local replicas only waits for its
+    parameter-server thread at the end."""
+    from tf_smb.strategy import SMBStrategy  # pylint: disable=import-outside-toplevel
+    strategy = getattr(model, "_distribute_strategy", None)
+    if not isinstance(strategy, SMBStrategy) or strategy.mode != "async":
+        return None, False
+    if strategy.size > 1:
+        return strategy, False
+    if getattr(strategy.extended, "local_replicas", 1) > 1:
+        return strategy, True
+    return None, False
+
+
+def async_box_strategy(model: Any,
+                       placed_variables: Callable[[], Iterable[Any]]) -> Optional[Any]:
+    """The async strategy of 2+ processes whose box holds `model`'s master
+    copies: the one it was made under, or (a layer records none) the one whose
+    box holds any of `placed_variables()` (its trainable variables); else None."""
+    strategy = multi_worker_strategy(model)
+    if strategy is None:
+        if not _ASYNC_STRATEGIES:  # asked by every layer's set_weights: most have none
+            return None
+        return async_strategy_holding(placed_variables())
+    return strategy if getattr(strategy, "mode", "sync") == "async" else None

@@ -5,7 +5,7 @@ import contextlib
 import functools
 import inspect
 import threading
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 from tf_smb import phase
 from tf_smb.keras_support import _owner
@@ -71,28 +71,12 @@ def install_build_hook() -> None:
 def _data_spec(model: Any, epoch_iterator: Any) -> Optional[Any]:
     """The structure (tf.TensorSpecs) of `epoch_iterator`'s batches, for a model
     of an async tf_smb strategy; None otherwise."""
-    if _async_strategy(model)[0] is None or epoch_iterator is None:
+    if _owner.async_fit_strategy(model)[0] is None or epoch_iterator is None:
         return None
     adapter = getattr(epoch_iterator, "data_adapter", None)
     if adapter is None:
         return None
     return adapter.get_tf_dataset().element_spec
-
-
-def _async_strategy(model) -> Tuple[Optional[Any], bool]:
-    """(the model's SMBStrategy, whether it is one process of local replicas)
-    when the model trains asynchronously, else (None, False). Several processes
-    take fit_hook's clocked path; one process of local replicas only waits for
-    its parameter-server thread at the end."""
-    from tf_smb.strategy import SMBStrategy  # pylint: disable=import-outside-toplevel
-    strategy = getattr(model, "_distribute_strategy", None)
-    if not isinstance(strategy, SMBStrategy) or strategy.mode != "async":
-        return None, False
-    if strategy.size > 1:
-        return strategy, False
-    if getattr(strategy.extended, "local_replicas", 1) > 1:
-        return strategy, True
-    return None, False
 
 
 @contextlib.contextmanager
@@ -139,7 +123,7 @@ def install_fit_hooks() -> None:
         strategy = _owner.multi_worker_strategy(self)
         # Entered for every model: one of another strategy (or none) fitted
         # inside our fit's callbacks must shuffle as Keras does.
-        async_strategy, local_only = _async_strategy(self)
+        async_strategy, local_only = _owner.async_fit_strategy(self)
         if local_only:
             history = fit(self, *args, **kwargs)
             async_strategy.finish_training()  # the parameter server applied every update
@@ -165,7 +149,7 @@ def install_fit_hooks() -> None:
     def eval_hook(method):
         @functools.wraps(method)
         def hook(self, *args, **kwargs):
-            if _async_strategy(self)[0] is None:
+            if _owner.async_fit_strategy(self)[0] is None:
                 return method(self, *args, **kwargs)
             with phase.evaluating():
                 return method(self, *args, **kwargs)

@@ -77,13 +77,9 @@ def publishing_deferred(strategy: Optional[Any] = None) -> Iterator[None]:
 
 
 def _async_strategy(model: Any) -> Optional[Any]:
-    """The async strategy a model was made under, or (a layer records none)
-    whose box holds the layer's variables; else None."""
-    strategy = _owner.multi_worker_strategy(model)
-    if strategy is None:
-        return _owner.async_strategy_holding(
-            _placed_variable(v) for v in model.trainable_variables)
-    return strategy if getattr(strategy, "mode", "sync") == "async" else None
+    """The async strategy whose box holds `model`'s master copies, or None."""
+    return _owner.async_box_strategy(
+        model, lambda: [_placed_variable(v) for v in model.trainable_variables])
 
 
 def publish(strategy: Any, model: Any) -> None:
