@@ -35,17 +35,18 @@ SYNTHETIC_ARGS = ["--batch-size", "8", "--num-warmup-batches", "2",
                   "--num-batches-per-iter", "3", "--num-iters", "3"]
 
 
-def launch(kind: str, np_: int, argv: List[str], nodes=None) -> Tuple[bool, str, str]:
+def launch(np_: int, argv: List[str], nodes=None,
+           horovod: bool = False) -> Tuple[bool, str, str]:
     """(ok, the job's output, why not) of `argv` (after the interpreter) as `np_`
-    workers: on this node under tf_smb.run (mpirun for Horovod's own), or across
-    `nodes` (simnodes.SimulatedNodes, one worker per node) under mpirun."""
+    workers: on this node under tf_smb.run (mpirun for Horovod's own, `horovod`), or
+    across `nodes` (simnodes.SimulatedNodes, one worker per node) under mpirun."""
     if nodes is not None:
         job = nodes.mpirun(np_, 1, [sys.executable, *argv], TIMEOUT_S,
                            {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"},
                            cwd=str(common.REPO_ROOT))
         return (job.returncode == 0, job.stdout + job.stderr,
                 f"mpirun exited with {job.returncode}")
-    how = "mpirun" if kind in ("horovod", "horovod_synthetic") else "tf_smb.run"
+    how = "mpirun" if horovod else "tf_smb.run"
     ok, outputs, why = processes.run_processes(processes.commands(
         how, np_, [*processes.python(), *argv], processes.subprocess_env()), TIMEOUT_S)
     return ok, outputs[0], why
@@ -53,10 +54,10 @@ def launch(kind: str, np_: int, argv: List[str], nodes=None) -> Tuple[bool, str,
 
 def run_job(kind: str, args: argparse.Namespace, nodes=None) -> List[dict]:
     samples = ",".join(f"{m}:{args.samples}" for m in args.models.split(","))
-    ok, out, why = launch(kind, args.np, [
+    ok, out, why = launch(args.np, [
         "-m", "benchmarks.roles.fit", f"--kind={kind}", f"--fit_models={args.models}",
         f"--fit_epochs={args.epochs}", f"--fit_batch={args.batch}", f"--samples={samples}"],
-        nodes)
+        nodes, horovod=kind == "horovod")
     if not ok:
         raise RuntimeError(f"{kind} job failed ({why}):\n{out[-3000:]}")
     return common.parse_tagged(out)
@@ -68,8 +69,7 @@ def synthetic(horovod: bool, np_: int, nodes=None) -> Tuple[str, str]:
     import run_horovod_example as examples  # pylint: disable=import-outside-toplevel
     with tempfile.TemporaryDirectory() as tmp:
         copy = examples.prepare("tensorflow2_synthetic_benchmark.py", tmp, keep_horovod=horovod)
-        ok, out, why = launch("horovod_synthetic" if horovod else "synthetic", np_,
-                              [copy, *SYNTHETIC_ARGS], nodes)
+        ok, out, why = launch(np_, [copy, *SYNTHETIC_ARGS], nodes, horovod=horovod)
     m = re.search(r"Total img/sec on \d+ GPU\(s\): ([0-9.]+ \+-[0-9.]+)", out)
     errors = [e for e in re.findall(r"^(?:\[[^\]]*\]<?\w*>?:? ?)?\s*(\w+Error: .*)$", out,
                                     flags=re.M) if not e.endswith("in user code:")]

@@ -6,7 +6,7 @@ process exactly as Keras made it.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Iterable, Optional, Tuple
+from typing import Any, Iterable, Optional, Tuple
 
 # Async SMB strategies of 2+ workers, for objects that do not record theirs (layers).
 _ASYNC_STRATEGIES: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -76,14 +76,11 @@ def async_fit_strategy(model: Any) -> Tuple[Optional[Any], bool]:
     return None, False
 
 
-def async_box_strategy(model: Any,
-                       placed_variables: Callable[[], Iterable[Any]]) -> Optional[Any]:
+def async_box_strategy(model: Any, placed_variables: Iterable[Any]) -> Optional[Any]:
     """The async strategy of 2+ processes whose box holds `model`'s master
     copies: the one it was made under, or (a layer records none) the one whose
-    box holds any of `placed_variables()` (its trainable variables); else None."""
+    box holds any of `placed_variables` (its trainable variables); else None."""
     strategy = multi_worker_strategy(model)
     if strategy is None:
-        if not _ASYNC_STRATEGIES:  # asked by every layer's set_weights: most have none
-            return None
-        return async_strategy_holding(placed_variables())
+        return async_strategy_holding(placed_variables)
     return strategy if getattr(strategy, "mode", "sync") == "async" else None

@@ -79,7 +79,7 @@ def publishing_deferred(strategy: Optional[Any] = None) -> Iterator[None]:
 def _async_strategy(model: Any) -> Optional[Any]:
     """The async strategy whose box holds `model`'s master copies, or None."""
     return _owner.async_box_strategy(
-        model, lambda: [_placed_variable(v) for v in model.trainable_variables])
+        model, (_placed_variable(v) for v in model.trainable_variables))
 
 
 def publish(strategy: Any, model: Any) -> None:
