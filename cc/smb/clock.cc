@@ -14,9 +14,13 @@ Status StepClock::Tick(int64_t staleness, int64_t* lead) {
 uint64_t StepClock::Advance() {
   if (group_->alone()) return 0;
   RankControl& mine = group_->peers()->control()->ranks[group_->rank()];
+  // A step after Finish starts the next round of training (a custom loop
+  // that trains again).
+  uint64_t phase = mine.phase.load(std::memory_order_relaxed);
+  if (PhaseFinished(phase)) mine.phase.store(++phase, std::memory_order_release);
   const uint64_t step = mine.clock.fetch_add(1) + 1;
   group_->Poke();
-  if (group_->link() != nullptr) group_->link()->PublishClock(step, false);
+  if (group_->link() != nullptr) group_->link()->PublishClock(step, phase);
   return step;
 }
 
@@ -26,12 +30,14 @@ uint64_t StepClock::Slowest(uint64_t step) const {
   const RankControl* ranks = group_->peers()->control()->ranks;
   uint64_t low = step;
   for (int r = 0; r < group_->world(); ++r) {
-    if (r == group_->rank() || ranks[r].finished.load() || group_->RankGone(r)) continue;
+    if (r == group_->rank() || PhaseFinished(ranks[r].phase.load()) || group_->RankGone(r)) {
+      continue;
+    }
     low = std::min<uint64_t>(low, ranks[r].clock.load(std::memory_order_acquire));
   }
   if (group_->link() != nullptr) {
     for (const RemoteClock& c : group_->link()->RemoteClocks()) {
-      if (!c.finished) low = std::min<uint64_t>(low, c.steps);
+      if (!PhaseFinished(c.phase)) low = std::min<uint64_t>(low, c.steps);
     }
   }
   return low;
@@ -71,7 +77,7 @@ Status StepClock::WaitWithin(uint64_t step, int64_t staleness, int64_t* lead) {
           }
           if (link != nullptr) {
             for (const RemoteClock& c : link->RemoteClocks()) {
-              if (!c.finished && step - c.steps > bound) {
+              if (!PhaseFinished(c.phase) && step - c.steps > bound) {
                 slow += (slow.empty() ? "" : ", ") + std::to_string(c.rank);
               }
             }
@@ -84,19 +90,19 @@ Status StepClock::WaitWithin(uint64_t step, int64_t staleness, int64_t* lead) {
   return Status::Ok();
 }
 
-void StepClock::Finish() {
-  if (group_->alone()) return;
-  RankControl& mine = group_->peers()->control()->ranks[group_->rank()];
-  mine.finished.store(1, std::memory_order_release);
-  group_->Poke();
-  if (group_->link() != nullptr) group_->link()->PublishClock(mine.clock.load(), true);
-}
+void StepClock::Finish() { MoveTo(/*finished=*/true); }
 
-void StepClock::Resume() {
+void StepClock::Resume() { MoveTo(/*finished=*/false); }
+
+void StepClock::MoveTo(bool finished) {
   if (group_->alone()) return;
+  // Only this rank writes its phase word.
   RankControl& mine = group_->peers()->control()->ranks[group_->rank()];
-  mine.finished.store(0, std::memory_order_release);
-  if (group_->link() != nullptr) group_->link()->PublishClock(mine.clock.load(), false);
+  uint64_t phase = mine.phase.load(std::memory_order_relaxed);
+  if (PhaseFinished(phase) == finished) return;
+  mine.phase.store(++phase, std::memory_order_release);
+  group_->Poke();
+  if (group_->link() != nullptr) group_->link()->PublishClock(mine.clock.load(), phase);
 }
 
 Status StepClock::WaitAllFinished() {
@@ -105,22 +111,29 @@ Status StepClock::WaitAllFinished() {
   timeline::Scope scope(group_->rank(), timeline::kClock, "wait all finished", "clock");
   RankControl* ranks = group_->peers()->control()->ranks;
   NodeLink* link = group_->link();
+  // This rank's rounds of training: a rank counts as finished once it has
+  // finished as many (a rank that has not yet started this round's training,
+  // still in the round before, is waited for).
+  const uint64_t round = RoundsFinished(ranks[group_->rank()].phase.load());
   auto unfinished = [&] {
     std::string list;
     for (int r = 0; r < world; ++r) {
-      if (!ranks[r].finished.load() && !group_->RankGone(r)) {
+      if (RoundsFinished(ranks[r].phase.load()) < round && !group_->RankGone(r)) {
         list += (list.empty() ? "" : ", ") + std::to_string(group_->JobRankOf(r));
       }
     }
     if (link != nullptr) {
       for (const RemoteClock& c : link->RemoteClocks()) {
-        if (!c.finished) list += (list.empty() ? "" : ", ") + std::to_string(c.rank);
+        if (RoundsFinished(c.phase) < round) {
+          list += (list.empty() ? "" : ", ") + std::to_string(c.rank);
+        }
       }
     }
     return list;
   };
-  return group_->WaitUntil("waiting for all ranks to finish training",
-                           [&] { return unfinished().empty(); }, unfinished);
+  return group_->WaitUntil(
+      "waiting for all ranks to finish training round " + std::to_string(round),
+      [&] { return unfinished().empty(); }, unfinished);
 }
 
 uint64_t StepClock::Steps(int rank) const {

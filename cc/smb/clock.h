@@ -36,10 +36,13 @@ class StepClock {
   uint64_t Advance();
   bool Within(uint64_t step, int64_t staleness, int64_t* lead) const;
   Status WaitWithin(uint64_t step, int64_t staleness, int64_t* lead);
-  // Finished ranks no longer hold the others back; Resume undoes Finish.
+  // Finished ranks no longer hold the others back; Resume (or the next
+  // step) starts the next round of training. Each call is idempotent.
   void Finish();
   void Resume();
-  // Waits until every rank that is not gone has finished.
+  // Waits until every rank that is not gone has finished as many rounds of
+  // training as this one (so a rank that has not yet started this round is
+  // waited for, not taken for finished).
   Status WaitAllFinished();
   // Steps rank r has started.
   uint64_t Steps(int rank) const;
@@ -47,6 +50,7 @@ class StepClock {
  private:
   // The slowest step among the ranks still training, at most `step`.
   uint64_t Slowest(uint64_t step) const;
+  void MoveTo(bool finished);
 
   Group* group_;
 };

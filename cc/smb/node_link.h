@@ -44,11 +44,18 @@ struct SegmentRequest {
 using SegmentServer = std::function<Status(const SegmentRequest& request, const void* payload,
                                            size_t payload_bytes, std::vector<char>* reply)>;
 
+// A rank's training phase in the asynchronous mode: even while it trains,
+// odd once it finished; each Finish or Resume moves it on by one, so a rank
+// that trained again is never mistaken for one still in the round before.
+constexpr bool PhaseFinished(uint64_t phase) { return (phase & 1) != 0; }
+constexpr uint64_t RoundsFinished(uint64_t phase) { return phase / 2 + (phase & 1); }
+constexpr uint64_t kPhaseDoneForGood = ~uint64_t{0};  // a lost rank: finished every round
+
 // Another rank's step clock (the asynchronous mode), as last heard.
 struct RemoteClock {
   int rank;
   uint64_t steps;
-  bool finished;
+  uint64_t phase;  // StepClock's phase word (odd: finished)
 };
 
 // An operation of the link in flight (see NodeLink::StartAllReduceSum).
@@ -106,8 +113,8 @@ class NodeLink {
                                    double timeout_s) = 0;
 
   // ---- The step clock across nodes ----
-  // Tells the ranks of the other nodes this rank's steps and whether it finished.
-  virtual void PublishClock(uint64_t steps, bool finished) = 0;
+  // Tells the ranks of the other nodes this rank's steps and training phase.
+  virtual void PublishClock(uint64_t steps, uint64_t phase) = 0;
   // What this rank heard from the ranks of the other nodes (a rank not heard
   // from yet is at step 0, training).
   virtual std::vector<RemoteClock> RemoteClocks() const = 0;

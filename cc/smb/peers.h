@@ -32,10 +32,11 @@ constexpr int kMaxPending = 256;     // collectives one rank may have waiting to
 // One rank's control words. Cache-line aligned so ranks do not false-share.
 struct alignas(64) RankControl {
   std::atomic<uint64_t> arrive_seq;  // barrier generation this rank reached
-  // Asynchronous mode: training steps this rank has started, and whether it
-  // has finished training (then it no longer holds the others back).
+  // Asynchronous mode: training steps this rank has started, and its training
+  // phase (see StepClock: odd once it finished a round of training, which
+  // then no longer holds the others back).
   std::atomic<uint64_t> clock;
-  std::atomic<uint32_t> finished;
+  std::atomic<uint64_t> phase;
   // Rank 0's choice of result buffer for a collective (-1: none), by parity.
   std::atomic<int32_t> result_choice[2];
   // What this rank is about to do, double-buffered by the collective's parity

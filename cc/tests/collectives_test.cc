@@ -255,6 +255,34 @@ void TestStepClock() {
   Check(waits.load() > 0, "rank 0, never slowed, had to wait");
 }
 
+void TestWaitAllFinishedWaitsForTheSameRound() {
+  // Two rounds of training (two fits). Rank 1 starts its second round late:
+  // still finished from the first, it must not count as finished for rank
+  // 0's second round. Rank 1's second round starts with a step, as a custom
+  // loop's would (no Resume).
+  std::atomic<bool> second_done{false};
+  RunRanks(2, 1024, 30, [&](int rank, std::shared_ptr<smb::Communicator> comm) {
+    smb::StepClock& clock = comm->clock();
+    int64_t lead = 0;
+    Check(clock.Tick(-1, &lead).ok(), "first round's step");
+    clock.Finish();
+    Check(clock.WaitAllFinished().ok(), "first round's wait");
+    if (rank == 0) {
+      clock.Resume();
+      clock.Finish();
+      Check(clock.WaitAllFinished().ok(), "second round's wait");
+      Check(second_done.load(), "rank 0's second round waited for rank 1's");
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      Check(clock.Tick(-1, &lead).ok(), "second round's step");
+      second_done.store(true);
+      clock.Finish();
+      clock.Finish();  // idempotent: still the second round
+      Check(clock.WaitAllFinished().ok(), "second round's wait");
+    }
+  });
+}
+
 // The replicas of one process summed in place by parts on threads: every
 // element of every tensor (sizes that do not split evenly included) is the
 // exact sum, for float32 and int64, with 1 to 4 replicas and parts.
@@ -364,6 +392,7 @@ int main() {
   }
   TestGoneRankFailsTheOthers();
   TestStepClock();
+  TestWaitAllFinishedWaitsForTheSameRound();
   if (failures == 0) std::printf("collectives_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }

@@ -45,7 +45,7 @@ constexpr int kTagDecision = 12;    // node 0's leader -> leaders: [seq, key]
 constexpr int kTagFailure = 13;     // anyone -> everyone: [code, message]
 constexpr int kTagSegmentRequest = 14;  // a client -> the home node's server
 constexpr int kTagSegmentReply = 15;    // the server -> the client
-constexpr int kTagClock = 16;           // a rank -> the other nodes' ranks: [steps, finished]
+constexpr int kTagClock = 16;           // a rank -> the other nodes' ranks: [steps, phase]
 constexpr int kTagLeaving = 17;         // a rank at exit -> everyone: []
 constexpr int kTagHeartbeat = 18;       // every rank -> the other nodes' ranks: []
 constexpr int kTagDeclaredLost = 19;    // a survivor -> a rank it had found lost: []
@@ -152,7 +152,7 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   Status CallSegmentServer(int home, const SegmentRequest& request, const void* payload,
                            size_t payload_bytes, void* reply, size_t reply_bytes,
                            double timeout_s) override;
-  void PublishClock(uint64_t steps, bool finished) override;
+  void PublishClock(uint64_t steps, uint64_t phase) override;
   std::vector<RemoteClock> RemoteClocks() const override;
   Status Failure() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -693,7 +693,7 @@ bool MpiLink::Receive() {
     std::function<void()> wake;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      clocks_[status.MPI_SOURCE] = {status.MPI_SOURCE, words[0], words[1] != 0};
+      clocks_[status.MPI_SOURCE] = {status.MPI_SOURCE, words[0], words[1]};
       wake = wake_cb_;
     }
     if (wake) wake();
@@ -1011,11 +1011,11 @@ void MpiLink::Answer(const std::vector<char>& message) {
   done_cv_.notify_all();
 }
 
-void MpiLink::PublishClock(uint64_t steps, bool finished) {
+void MpiLink::PublishClock(uint64_t steps, uint64_t phase) {
   for (int n = 0; n < nodes_; ++n) {
     if (n == node_) continue;
     for (int local = 0; local < local_size_; ++local) {
-      Post(JobRank(n, local), kTagClock, Words({steps, finished ? 1u : 0u}));
+      Post(JobRank(n, local), kTagClock, Words({steps, phase}));
     }
   }
 }
@@ -1026,8 +1026,8 @@ std::vector<RemoteClock> MpiLink::RemoteClocks() const {
   for (int r = 0; r < world_; ++r) {
     if (node_of_[r] == node_) continue;
     auto it = clocks_.find(r);
-    out.push_back(it == clocks_.end() ? RemoteClock{r, 0, false} : it->second);
-    if (lost_[r]) out.back().finished = true;  // it will not tick again
+    out.push_back(it == clocks_.end() ? RemoteClock{r, 0, 0} : it->second);
+    if (lost_[r]) out.back().phase = kPhaseDoneForGood;  // it will not tick again
   }
   return out;
 }
