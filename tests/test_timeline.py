@@ -81,6 +81,9 @@ def test_two_worker_fit_traces_every_rank_and_collective(tmp_path):
             if "multi_step_on_iterator" in e["name"]:
                 by_site[e["name"]] = by_site.get(e["name"], 0) + 1
         assert by_site and set(by_site.values()) == {steps}, by_site
+        # Only the gradients' and the logs': the workers' parts of the data are
+        # equally long, so no step asks whether any worker still has data.
+        assert len(by_site) == 2, by_site
         assert sorted(e["args"]["call"] for e in grads) == list(range(steps))
         # Phases: every collective negotiates and agrees; each phase lies in
         # its collective.
