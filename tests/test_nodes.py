@@ -211,9 +211,9 @@ def single():
     return get
 
 
-def _launch(nodes, tmp_path_factory, per_node, scenario, batch=B):
+def _launch(nodes, tmp_path_factory, per_node, scenario, batch=B, env=None):
     results = run_workers(nodes, per_node, [KERAS, scenario, "--batch", str(batch)],
-                          timeout=TIMEOUT, env=TF_ENV,
+                          timeout=TIMEOUT, env={**TF_ENV, **(env or {})},
                           result_dir=str(tmp_path_factory.mktemp(f"{scenario}{per_node}")))
     assert [r["rank"] for r in results] == list(range(2 * per_node))
     assert {r["size"] for r in results} == {2 * per_node}
@@ -221,8 +221,16 @@ def _launch(nodes, tmp_path_factory, per_node, scenario, batch=B):
 
 
 @pytest.fixture(scope="module")
-def fit_2x2(nodes, tmp_path_factory):
-    return _launch(nodes, tmp_path_factory, 2, "fit")
+def fit_2x2_with_timeline(nodes, tmp_path_factory):
+    trace = str(tmp_path_factory.mktemp("timeline") / "fit.json")
+    results = _launch(nodes, tmp_path_factory, 2, "fit", env={"TF_SMB_TIMELINE": trace})
+    with open(trace) as f:
+        return results, json.load(f)
+
+
+@pytest.fixture(scope="module")
+def fit_2x2(fit_2x2_with_timeline):
+    return fit_2x2_with_timeline[0]
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +259,28 @@ def _check_fit(results, reference):
 
 def test_fit_2x2_equals_one_process_on_global_batch(fit_2x2, single):
     _check_fit(fit_2x2, single("fit", 4 * B))
+
+
+def test_timeline_across_nodes_puts_each_ranks_events_in_its_row(fit_2x2_with_timeline):
+    # Every rank's collectives and their phases are in its own row (its job
+    # rank, not its rank within the node): each rank ran each call of each
+    # all-reduce of the training step once.
+    _, trace = fit_2x2_with_timeline
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert trace["otherData"]["missing_ranks"] == [], trace["otherData"]
+    per_rank = []
+    for rank in range(4):
+        calls = {}
+        for e in events:
+            if (e["pid"] == rank and e.get("cat") == "collective"
+                    and e["name"].startswith("allreduce graph/")):
+                calls.setdefault(e["name"], []).append(e["args"]["call"])
+        assert calls, rank
+        for name, seen in calls.items():
+            assert sorted(seen) == list(range(len(seen))), (rank, name, sorted(seen)[:10])
+        assert any(e["pid"] == rank and e["name"] == "across nodes" for e in events), rank
+        per_rank.append({name: len(seen) for name, seen in calls.items()})
+    assert all(counts == per_rank[0] for counts in per_rank), per_rank
 
 
 def test_fit_2x1_equals_one_process_on_global_batch(fit_2x1, single):

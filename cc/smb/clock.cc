@@ -51,7 +51,7 @@ bool StepClock::Within(uint64_t step, int64_t staleness, int64_t* lead) const {
   const uint64_t ahead = step - Slowest(step);
   if (staleness >= 0 && ahead > static_cast<uint64_t>(staleness)) return false;
   *lead = static_cast<int64_t>(ahead);
-  timeline::Scope scope(group_->rank(), timeline::kClock, "clock tick wait", "clock");
+  timeline::Scope scope(group_->job_rank(), timeline::kClock, "clock tick wait", "clock");
   if (scope.active()) scope.set_arg("lead", *lead);
   return true;
 }
@@ -60,7 +60,7 @@ Status StepClock::WaitWithin(uint64_t step, int64_t staleness, int64_t* lead) {
   *lead = 0;
   if (group_->alone()) return Status::Ok();
   const int me = group_->rank();
-  timeline::Scope scope(me, timeline::kClock, "clock tick wait", "clock");
+  timeline::Scope scope(group_->job_rank(), timeline::kClock, "clock tick wait", "clock");
   if (staleness >= 0) {
     const RankControl* ranks = group_->peers()->control()->ranks;
     NodeLink* link = group_->link();
@@ -108,7 +108,7 @@ void StepClock::MoveTo(bool finished) {
 Status StepClock::WaitAllFinished() {
   const int world = group_->world();
   if (group_->alone()) return Status::Ok();
-  timeline::Scope scope(group_->rank(), timeline::kClock, "wait all finished", "clock");
+  timeline::Scope scope(group_->job_rank(), timeline::kClock, "wait all finished", "clock");
   RankControl* ranks = group_->peers()->control()->ranks;
   NodeLink* link = group_->link();
   // This rank's rounds of training: a rank counts as finished once it has

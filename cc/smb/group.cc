@@ -90,7 +90,7 @@ Status Group::Fail(const Status& failure) {
 
 Status Group::Sync(const std::string& what) {
   if (world_ == 1) return Status::Ok();
-  timeline::Scope scope(rank_, timeline::kCollectives, "wait");
+  timeline::Scope scope(job_rank(), timeline::kCollectives, "wait");
   GroupControl* g = control();
   const uint64_t target = ++seq_;
   g->ranks[rank_].arrive_seq.store(target, std::memory_order_release);
@@ -144,7 +144,7 @@ Status Group::Sync(const std::string& what) {
 
 Status Group::Agree(const std::string& op, const std::string& desc) {
   if (alone()) return Status::Ok();
-  timeline::Scope scope(rank_, timeline::kCollectives, "agree");
+  timeline::Scope scope(job_rank(), timeline::kCollectives, "agree");
   if (world_ == 1) return AgreeAcrossNodes(desc, Status::Ok());
   GroupControl* g = control();
   const int parity = static_cast<int>(collectives_++ & 1);

@@ -158,7 +158,7 @@ void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
       Status s = item.run(comm);
       if (picked_ns != 0) {
         const int64_t end_ns = timeline::NowNs();
-        RecordCollective(group.rank(), item, previous_end_ns, picked_ns, end_ns);
+        RecordCollective(group.job_rank(), item, previous_end_ns, picked_ns, end_ns);
         previous_end_ns = end_ns;
       }
       if (!s.ok()) {

@@ -30,7 +30,7 @@ Status Broadcast(Group& group, int root, const std::vector<TensorRef>& tensors) 
   }
   const int rank = group.rank();
   if (rank == local_root && has_data) {
-    timeline::Scope phase(rank, timeline::kCollectives, "copy out");
+    timeline::Scope phase(group.job_rank(), timeline::kCollectives, "copy out");
     for (const Piece& p : pieces) {
       if (p.in != p.out) std::memcpy(p.out, p.in, p.bytes);
     }
@@ -38,7 +38,7 @@ Status Broadcast(Group& group, int root, const std::vector<TensorRef>& tensors) 
   if (group.alone()) return Status::Ok();
   SMB_RETURN_IF_ERROR(group.Agree("broadcast", Describe(what, tensors)));
   if (link != nullptr && rank == local_root) {
-    timeline::Scope phase(rank, timeline::kCollectives, "across nodes");
+    timeline::Scope phase(group.job_rank(), timeline::kCollectives, "across nodes");
     std::vector<char> data(total);
     if (has_data) GatherBytes(pieces, 0, total, data.data());
     SMB_RETURN_IF_ERROR(link->Broadcast(data.data(), total, root_node, group.timeout_s()));
@@ -55,12 +55,12 @@ Status Broadcast(Group& group, int root, const std::vector<TensorRef>& tensors) 
     const size_t len = std::min(chunk, total - offset);
     const int buffer = group.NextStagingBuffer();
     if (rank == local_root) {
-      timeline::Scope phase(rank, timeline::kCollectives, "stage");
+      timeline::Scope phase(group.job_rank(), timeline::kCollectives, "stage");
       GatherBytes(pieces, offset, len, peers->staging(buffer, 0));
     }
     SMB_RETURN_IF_ERROR(group.Sync("broadcast"));
     if (rank != local_root) {
-      timeline::Scope phase(rank, timeline::kCollectives, "copy out");
+      timeline::Scope phase(group.job_rank(), timeline::kCollectives, "copy out");
       ScatterBytes(peers->staging(buffer, 0), offset, len, pieces);
     }
   }

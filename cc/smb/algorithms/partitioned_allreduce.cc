@@ -61,6 +61,7 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
   Peers* peers = group.peers();
   NodeLink* link = group.link();
   const int world = group.world(), rank = group.rank();
+  const int trace_rank = group.job_rank();  // the timeline's rows are job ranks
   const size_t staging = peers->staging_bytes();
   std::vector<const char*> sources(world);
   // One pass per dtype over all tensors of that dtype: tensor fusion.
@@ -86,7 +87,7 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
       const size_t my_lo = lo(rank), my_hi = lo(rank + 1);
       char* mine = peers->staging(buffer, rank);
       {
-        timeline::Scope phase(rank, timeline::kCollectives, "stage");
+        timeline::Scope phase(trace_rank, timeline::kCollectives, "stage");
         GatherBytes(pieces, offset, my_lo, mine);
         GatherBytes(pieces, offset + my_hi, len - my_hi, mine + my_hi);
       }
@@ -100,7 +101,7 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
         for (size_t from = my_lo; from < my_hi; from += step) {
           const size_t to = std::min(my_hi, from + step);
           {
-            timeline::Scope phase(rank, timeline::kCollectives, "reduce");
+            timeline::Scope phase(trace_rank, timeline::kCollectives, "reduce");
             ForRange(pieces, offset + from, to - from,
                      [&](const Piece& p, size_t at, size_t pos, size_t bytes) {
                        for (int q = 0; q < world; ++q) {
@@ -115,14 +116,14 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
                                                       &in_flight.back()));
         }
         {
-          timeline::Scope phase(rank, timeline::kCollectives, "across nodes");
+          timeline::Scope phase(trace_rank, timeline::kCollectives, "across nodes");
           for (const auto& op : in_flight) SMB_RETURN_IF_ERROR(link->Wait(op, group.timeout_s()));
         }
         // My outputs get the job's sums; the node's other ranks copy them
         // from my staging below.
         ScatterBytes(mine + my_lo, offset + my_lo, my_hi - my_lo, pieces);
       } else {
-        timeline::Scope phase(rank, timeline::kCollectives, "reduce");
+        timeline::Scope phase(trace_rank, timeline::kCollectives, "reduce");
         // A large result buffer is read from memory anyway, not from a cache.
         const bool stream = shared_out && total >= kStreamingCopyBytes;
         ForRange(pieces, offset + my_lo, my_hi - my_lo,
@@ -138,7 +139,7 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
       }
       if (shared_out) continue;
       SMB_RETURN_IF_ERROR(group.Sync("allreduce (reduction)"));
-      timeline::Scope phase(rank, timeline::kCollectives, "copy out");
+      timeline::Scope phase(trace_rank, timeline::kCollectives, "copy out");
       for (int q = 0; q < world; ++q) {
         if (q == rank) continue;
         ScatterBytes(peers->staging(buffer, q) + lo(q), offset + lo(q), lo(q + 1) - lo(q),
@@ -185,7 +186,7 @@ ResultHold::~ResultHold() {
 Status AllReduceSum(Group& group, const std::vector<TensorRef>& tensors) {
   SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
   if (group.alone()) {
-    timeline::Scope phase(group.rank(), timeline::kCollectives, "copy out");
+    timeline::Scope phase(group.job_rank(), timeline::kCollectives, "copy out");
     CopyThrough(tensors);
     return Status::Ok();
   }
@@ -200,7 +201,7 @@ Status AllReduceSumShared(Group& group, std::vector<TensorRef> tensors, OpContex
   SMB_RETURN_IF_ERROR(ValidateTensors(tensors));
   if (group.alone()) {
     SMB_RETURN_IF_ERROR(context->AllocateOutputs(&tensors));
-    timeline::Scope phase(group.rank(), timeline::kCollectives, "copy out");
+    timeline::Scope phase(group.job_rank(), timeline::kCollectives, "copy out");
     CopyThrough(tensors);
     return Status::Ok();
   }
