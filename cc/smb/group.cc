@@ -46,6 +46,7 @@ struct NodeVerdict {
   uint32_t failed;
   uint32_t len;
   char text[kDescTextBytes - 16];  // the description, or why the node failed
+  char payload[kAgreePayloadBytes];  // data riding on the agreement (see AgreeHere)
 };
 
 }  // namespace
@@ -145,7 +146,14 @@ Status Group::Sync(const std::string& what) {
 Status Group::Agree(const std::string& op, const std::string& desc) {
   if (alone()) return Status::Ok();
   timeline::Scope scope(job_rank(), timeline::kCollectives, "agree");
-  if (world_ == 1) return AgreeAcrossNodes(desc, Status::Ok());
+  Status verdict;
+  SMB_RETURN_IF_ERROR(AgreeHere(op, desc, &verdict));
+  return link_ ? AgreeAcrossNodes(desc, verdict) : verdict;
+}
+
+Status Group::AgreeHere(const std::string& op, const std::string& desc, Status* verdict) {
+  *verdict = Status::Ok();
+  if (world_ == 1) return Status::Ok();
   GroupControl* g = control();
   const int parity = static_cast<int>(collectives_++ & 1);
   char* slot = g->ranks[rank_].desc[parity];
@@ -164,23 +172,29 @@ Status Group::Agree(const std::string& op, const std::string& desc) {
     std::memcpy(&other_hash, other, sizeof other_hash);
     if (other_hash != root_hash) {
       // Every rank reaches the same verdict from the same slots: no hang.
-      Status verdict = InvalidArgument(
+      *verdict = InvalidArgument(
           "ranks disagree on a collective: rank " + std::to_string(JobRankOf(0)) + " called " +
           std::string(g->ranks[0].desc[parity] + 12) + "; rank " +
           std::to_string(JobRankOf(r)) + " called " + std::string(other + 12));
-      return link_ ? AgreeAcrossNodes(desc, verdict) : verdict;
+      return Status::Ok();
     }
   }
-  return link_ ? AgreeAcrossNodes(desc, Status::Ok()) : Status::Ok();
+  return Status::Ok();
 }
 
-Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local) {
+Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local, const void* payload,
+                               size_t payload_bytes, std::vector<char>* payloads) {
+  if (payload_bytes > kAgreePayloadBytes) {
+    return Internal("an agreement payload of " + std::to_string(payload_bytes) +
+                    " bytes, at most " + std::to_string(kAgreePayloadBytes) + " fit");
+  }
   NodeVerdict mine{};
   const std::string& text = local.ok() ? desc : local.message();
   mine.failed = local.ok() ? 0 : 1;
   mine.hash = local.ok() ? StableHash(desc) : 0;
   mine.len = static_cast<uint32_t>(std::min(text.size(), sizeof mine.text - 1));
   std::memcpy(mine.text, text.data(), mine.len);
+  if (payload_bytes > 0) std::memcpy(mine.payload, payload, payload_bytes);
   const int nodes = link_->nodes();
   std::vector<NodeVerdict> all(nodes);
   Status exchanged = link_->AllGather(&mine, sizeof mine, all.data(), timeout_s());
@@ -195,6 +209,13 @@ Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local) {
                              std::to_string(link_->JobRank(0, 0)) + " (node 0) called " +
                              text_of(all[0]) + "; rank " + std::to_string(link_->JobRank(n, 0)) +
                              " (node " + std::to_string(n) + ") called " + text_of(all[n]));
+    }
+  }
+  if (payloads != nullptr) {
+    // Every node described the same collective, so sent as many bytes.
+    payloads->resize(nodes * payload_bytes);
+    for (int n = 0; n < nodes; ++n) {
+      std::memcpy(payloads->data() + n * payload_bytes, all[n].payload, payload_bytes);
     }
   }
   return Status::Ok();

@@ -26,6 +26,9 @@
 
 namespace smb {
 
+// What a rank may send along with its verdict in AgreeAcrossNodes.
+constexpr size_t kAgreePayloadBytes = 1024;
+
 class Group {
  public:
   // `peers` null: a group of one (every call succeeds at once). `link`: the
@@ -61,6 +64,17 @@ class Group {
   // Publishes `desc`, syncs, and fails on every rank alike if any rank
   // published another description ("ranks disagree on a collective: ...").
   Status Agree(const std::string& op, const std::string& desc);
+  // Agree() in two halves, for a collective whose data rides on the
+  // agreement across nodes (a small all-reduce: one exchange instead of two).
+  // AgreeHere checks this node's ranks only (*verdict: whether they agree;
+  // the returned status fails only when the wait does). AgreeAcrossNodes
+  // must follow on every rank, also after a disagreement: it exchanges the
+  // node's verdict and `payload` (at most kAgreePayloadBytes) with this
+  // rank's counterparts; *payloads then holds every node's, in node order.
+  Status AgreeHere(const std::string& op, const std::string& desc, Status* verdict);
+  Status AgreeAcrossNodes(const std::string& desc, const Status& local,
+                          const void* payload = nullptr, size_t payload_bytes = 0,
+                          std::vector<char>* payloads = nullptr);
   // The parity of the next Agree: per-collective slots (result_choice) use it.
   int AgreeParity() const { return static_cast<int>(collectives_ & 1); }
   // Which staging buffer (0 or 1) the next chunk uses: double buffering.
@@ -99,9 +113,6 @@ class Group {
 
  private:
   GroupControl* control() const { return peers_->control(); }
-
-  // The verdict of Agree() across nodes, the same on every rank.
-  Status AgreeAcrossNodes(const std::string& desc, const Status& local);
 
   std::shared_ptr<Peers> peers_;
   std::shared_ptr<NodeLink> link_;
