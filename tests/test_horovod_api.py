@@ -52,11 +52,15 @@ def _single(scenario: str) -> dict:
     return harness.run_single([WORKER, scenario], timeout=300).check().json()
 
 
-@pytest.mark.parametrize("scenario", ["fit1", "fit2", "tape", "fit1 under horovodrun"])
-def test_two_processes_equal_one_process_on_the_global_batch(scenario):
+@pytest.mark.parametrize("scenario", ["fit1", "fit2", "tape", "fit1 under horovodrun",
+                                      "fit1 at 3", "tape at 3"])
+def test_n_processes_equal_one_process_on_the_global_batch(scenario):
     if scenario.endswith("under horovodrun"):
         scenario = scenario.split()[0]
         ranks = _horovodrun_ranks(scenario)
+    elif scenario.endswith(" at 3"):
+        scenario = scenario.split()[0]
+        ranks = _ranks(scenario, 3)
     else:
         ranks = _ranks(scenario)
     alone = _single(scenario)
@@ -68,9 +72,9 @@ def test_two_processes_equal_one_process_on_the_global_batch(scenario):
             f"{harness.max_diff(r['weights'], alone['weights'])}")
     if scenario.startswith("fit"):
         # MetricAverageCallback: every rank reports the same (averaged) loss.
-        assert ranks[0]["loss"] == ranks[1]["loss"]
+        assert all(r["loss"] == ranks[0]["loss"] for r in ranks)
     if scenario == "fit2":
-        # 96 rows / 8 per rank = 12 batches per epoch: every 2nd one updates.
+        # 96 rows, 24 a global batch: 4 batches an epoch; every 2nd one updates.
         assert [r["counter"] for r in ranks] == [0, 0]
 
 

@@ -16,7 +16,7 @@ import tf_smb.horovod.keras as hvd
 import tf_smb.horovod as hvd_tf
 from common import data, report
 
-GLOBAL_BATCH = 16
+GLOBAL_BATCH = 24  # split evenly at 2 and 3 processes
 
 
 def model_for(rank):
