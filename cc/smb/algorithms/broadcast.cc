@@ -20,14 +20,8 @@ Status Broadcast(Group& group, int root, const std::vector<TensorRef>& tensors) 
   int root_node = 0, local_root = root;
   if (link != nullptr) link->Locate(root, &root_node, &local_root);
   const bool has_data = link == nullptr || link->node() == root_node;
-  std::vector<Piece> pieces;
   size_t total = 0;
-  for (const TensorRef& t : tensors) {
-    const size_t bytes = NumBytes(t);
-    if (bytes == 0) continue;
-    pieces.push_back({static_cast<const char*>(t.in), static_cast<char*>(t.out), bytes});
-    total += bytes;
-  }
+  std::vector<Piece> pieces = PiecesOf(tensors, &total);
   const int rank = group.rank();
   if (rank == local_root && has_data) {
     timeline::Scope phase(group.job_rank(), timeline::kCollectives, "copy out");

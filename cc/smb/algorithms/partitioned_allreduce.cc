@@ -68,15 +68,8 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
   for (int32_t code = 1; code <= kNumDTypes; ++code) {
     const DType dtype = static_cast<DType>(code);
     const size_t elem = DTypeSize(dtype);
-    std::vector<Piece> pieces;
     size_t total = 0;
-    for (const TensorRef& t : tensors) {
-      if (t.dtype != dtype) continue;
-      const size_t bytes = NumBytes(t);
-      if (bytes == 0) continue;
-      pieces.push_back({static_cast<const char*>(t.in), static_cast<char*>(t.out), bytes});
-      total += bytes;
-    }
+    std::vector<Piece> pieces = PiecesOf(tensors, &total, dtype);
     const size_t chunk = staging / elem * elem;
     for (size_t offset = 0; offset < total; offset += chunk) {
       const size_t len = std::min(chunk, total - offset);
@@ -187,14 +180,8 @@ Status ReduceSmallAcrossNodes(Group& group, const std::vector<TensorRef>& tensor
   NodeLink* link = group.link();
   const int world = group.world(), rank = group.rank();
   const size_t elem = DTypeSize(dtype);
-  std::vector<Piece> pieces;
   size_t total = 0;
-  for (const TensorRef& t : tensors) {
-    const size_t bytes = NumBytes(t);
-    if (bytes == 0) continue;
-    pieces.push_back({static_cast<const char*>(t.in), static_cast<char*>(t.out), bytes});
-    total += bytes;
-  }
+  std::vector<Piece> pieces = PiecesOf(tensors, &total);
   const size_t n = total / elem;
   auto lo = [&](int q) { return n * q / world * elem; };
   const size_t my_lo = lo(rank), my_hi = lo(rank + 1), mine_bytes = my_hi - my_lo;

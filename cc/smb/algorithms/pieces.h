@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <vector>
+
+#include "cc/smb/tensor.h"
 
 namespace smb {
 
@@ -15,6 +18,22 @@ struct Piece {
   char* out;
   size_t bytes;
 };
+
+// The non-empty tensors (of dtype `only`, if given) as pieces, in order;
+// *total = their bytes.
+inline std::vector<Piece> PiecesOf(const std::vector<TensorRef>& tensors, size_t* total,
+                                   std::optional<DType> only = std::nullopt) {
+  std::vector<Piece> pieces;
+  *total = 0;
+  for (const TensorRef& t : tensors) {
+    if (only && t.dtype != *only) continue;
+    const size_t bytes = NumBytes(t);
+    if (bytes == 0) continue;
+    pieces.push_back({static_cast<const char*>(t.in), static_cast<char*>(t.out), bytes});
+    *total += bytes;
+  }
+  return pieces;
+}
 
 // Calls fn(piece, offset in the piece, position in the range, bytes) for each
 // part of bytes [offset, offset+len) of the concatenation of `pieces`.
