@@ -12,6 +12,7 @@ Nothing here imports TensorFlow at import time, so a driver stays light.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -118,3 +119,26 @@ def parse_tagged(output: str, tag: str = RESULT_TAG) -> List[dict]:
         if isinstance(value, dict):
             found.append(value)
     return found
+
+
+def parse_driver_args(prog: str, description: str, argv: Optional[Sequence[str]],
+                      out_dir: str, smoke_help: str, full: dict, smoke: dict,
+                      report_file: str) -> argparse.Namespace:
+    """A driver's arguments: --out_dir, --smoke, one flag per key of `full` (its
+    default there, or in `smoke` with --smoke) and --report_from (a finished run's
+    `report_file`, whose report is written again; the other flags then stay None)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--out_dir", default=out_dir)
+    parser.add_argument("--smoke", action="store_true", help=smoke_help)
+    for key, value in full.items():
+        parser.add_argument(f"--{key}", type=type(value), default=None,
+                            help=f"default {value}; smoke {smoke[key]}")
+    parser.add_argument("--report_from", default="", help=f"a run's {report_file}: write "
+                        "its tables, CSV and plot again into --out_dir (nothing is measured)")
+    args = parser.parse_args(argv)
+    if not args.report_from:
+        for key, value in (smoke if args.smoke else full).items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+    return args
+

@@ -11,6 +11,9 @@ benchmarks/async_step.py (time to accuracy) runs it and plots the curves:
     python -m tf_smb.run -np 2 python -m benchmarks.digits_curve --mode=async \\
         --accuracy_curve=/tmp/curve.json --accuracy_curve_every=4
 
+`--slow_ranks=2,3 --slow_ms=30` makes those ranks stragglers: each sleeps that long
+after every training batch (benchmarks/straggler.py).
+
 Run from the checkout's root.
 """
 from __future__ import annotations
@@ -92,14 +95,30 @@ class AccuracyCurve(keras.callbacks.Callback):
               f"time spent taking them")
 
 
+class Straggler(keras.callbacks.Callback):
+    """Sleeps `seconds` after every training batch: a worker slower than the others
+    (a slower machine or a busier node), the same at every step."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self._seconds = seconds
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        time.sleep(self._seconds)
+
+
 def main(argv: Sequence[str]) -> None:
     curves: List[AccuracyCurve] = []
+    slow_ranks = {int(r) for r in FLAGS.slow_ranks}
 
     def callbacks_for_rank(rank: int) -> List[keras.callbacks.Callback]:
-        if rank != 0:
-            return []
-        curves.append(AccuracyCurve(FLAGS.accuracy_curve_every))
-        return list(curves)
+        extra: List[keras.callbacks.Callback] = []
+        if rank in slow_ranks and FLAGS.slow_ms > 0:
+            extra.append(Straggler(FLAGS.slow_ms / 1e3))
+        if rank == 0:
+            curves.append(AccuracyCurve(FLAGS.accuracy_curve_every))
+            extra.extend(curves)
+        return extra
 
     keras_digits.main(argv, callbacks_for_rank)
     for curve in curves:
@@ -114,5 +133,9 @@ if __name__ == "__main__":
     flags.DEFINE_integer("accuracy_curve_every", 0,
                          "Also a point after every this many of rank 0's training "
                          "batches (0: epoch ends only).", lower_bound=0)
+    flags.DEFINE_list("slow_ranks", [], "Ranks that sleep --slow_ms after every training "
+                      "batch (stragglers).")
+    flags.DEFINE_float("slow_ms", 0.0, "The stragglers' sleep after each batch, ms.",
+                       lower_bound=0.0)
     flags.mark_flag_as_required("accuracy_curve")
     app.run(main)

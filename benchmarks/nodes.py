@@ -181,11 +181,12 @@ def measure_link(nodes: simnodes.SimulatedNodes, env: Dict[str, str], seconds: f
 
 
 def run_mpirun(nodes: simnodes.SimulatedNodes, argv: List[str], env: Dict[str, str],
-               timeout: float) -> Job:
-    """mpirun of `argv` on 2 nodes x PER_NODE; everything in the nodes killed on a timeout."""
+               timeout: float, per_node: int = PER_NODE) -> Job:
+    """mpirun of `argv` on 2 nodes x `per_node`; everything in the nodes killed on a
+    timeout."""
     start = time.monotonic()
     try:
-        launch = nodes.mpirun(WORLD, PER_NODE, argv, timeout, env)
+        launch = nodes.mpirun(2 * per_node, per_node, argv, timeout, env)
     except simnodes.NodesTimeout as e:
         return Job(False, [str(e)], f"timed out after {timeout:.0f} s (killed)",
                    time.monotonic() - start)
@@ -807,30 +808,24 @@ def report_from(path: str, out_dir: str) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.nodes",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out_dir", default="bench_nodes")
-    parser.add_argument("--smoke", action="store_true",
-                        help="MLP only, few steps, the 10 Gbit/s link (a few minutes)")
-    for key, value in FULL.items():
-        parser.add_argument(f"--{key}", type=type(value), default=None,
-                            help=f"default {value}; smoke {SMOKE[key]}")
-    parser.add_argument("--report_from", default="", help="a run's nodes.json: write its "
-                        "tables, CSV and plot again into --out_dir (nothing is measured)")
-    args = parser.parse_args(argv)
+    args = common.parse_driver_args(
+        "python -m benchmarks.nodes", __doc__.split("\n\n")[0], argv, "bench_nodes",
+        "MLP only, few steps, the 10 Gbit/s link (a few minutes)", FULL, SMOKE, "nodes.json")
     if args.report_from:
         return report_from(args.report_from, args.out_dir)
-    for key, value in (SMOKE if args.smoke else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    return run_stoppable(run, args)
 
+
+def run_stoppable(run_fn, args: argparse.Namespace) -> int:
+    """run_fn(args), where SIGTERM and SIGHUP leave through its finally blocks (the
+    shaping and the nodes removed): 2 when nodes cannot be made here, 3 when stopped."""
     def stop(signum, _frame):
         raise Stop(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, stop)
     try:
-        return run(args)
+        return run_fn(args)
     except simnodes.NodesUnavailable as e:
         print(f"simulated nodes cannot be made here: {e}", file=sys.stderr)
         return 2

@@ -80,3 +80,32 @@ def test_benchmark_nodes_smoke(tmp_path: pathlib.Path) -> None:
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                             timeout=30).stdout.split()
     assert data["nodes"]["netns"] and not set(data["nodes"]["netns"]) & set(listed), listed
+
+
+def test_benchmark_straggler_smoke(tmp_path: pathlib.Path) -> None:
+    """`python -m benchmarks.straggler --smoke`: keras_digits across the two nodes with
+    node 1's worker sleeping after each batch, for SMB async, SMB sync and Horovod-MPI;
+    every mode's run ends with a curve that reaches the smoke target, and the files
+    (markdown, CSV, JSON, PNG) say so."""
+    simnodes.open_or_skip().close()
+    result = run_single(["-m", "benchmarks.straggler", "--smoke", f"--out_dir={tmp_path}"],
+                        timeout=400, env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "# A straggler across nodes" in (tmp_path / "straggler.md").read_text()
+    with open(tmp_path / "straggler.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["mode"] for r in rows} == {"async", "sync", "horovod"}, rows
+    for row in rows:
+        assert row["delay_ms"] == "20", row
+        assert math.isfinite(float(row["s_to_target"])) and float(row["s_to_target"]) > 0, row
+        assert 0.3 <= float(row["final_accuracy"]) <= 1.0, row
+        if row["mode"] != "async":  # a synchronous step waits for node 1's 20 ms sleep
+            assert float(row["rank0_batches_per_s"]) < 1000 / 20, row
+    data = json.loads((tmp_path / "straggler.json").read_text())
+    for cell in data["cells"]:
+        curve = cell["curve"]
+        assert curve and all(0.0 <= p["test_accuracy"] <= 1.0 and p["train_s"] > 0
+                             for p in curve), cell["mode"]
+        assert [p["train_s"] for p in curve] == sorted(p["train_s"] for p in curve), cell["mode"]
+    png = (tmp_path / "straggler.png").read_bytes()
+    assert png.startswith(PNG_SIGNATURE) and len(png) > 10_000, len(png)

@@ -78,12 +78,27 @@ def test_n_processes_equal_one_process_on_the_global_batch(scenario):
         assert [r["counter"] for r in ranks] == [0, 0]
 
 
-def test_a_disagreeing_collective_fails_on_every_rank_and_the_next_works():
+@pytest.fixture(scope="module")
+def small_scenarios() -> list:
+    """The short 2-process scenarios, in one run."""
+    return _ranks("disagree,partial")
+
+
+def test_a_disagreeing_collective_fails_on_every_rank_and_the_next_works(small_scenarios):
     """Eagerly and in a tf.function (whose agreed collectives skip the check later)."""
-    ranks = _ranks("disagree")
+    ranks = small_scenarios
     for r in ranks:
         assert "disagree on the shape" in r["caught"], r
         assert "rank 0: [3]" in r["caught"] and "rank 1: [4]" in r["caught"], r["caught"]
         assert r["after"] == [2.0, 2.0, 2.0]
         assert "disagree on the shape" in r["caught_in_graph"], r
         assert r["after_in_graph"] == [[2.0, 2.0]] * 3
+
+
+def test_partial_distributed_optimizer_keeps_local_gradients_local(small_scenarios):
+    """Gradients 1 and 2 (rank + 1): the shared kernel steps by their average on
+    both ranks; each local kernel by its own gradient / size (SGD, rate 1)."""
+    for r in small_scenarios:
+        assert r["partial_shared"] == -1.5, r
+        assert r["partial_local"] == -(r["rank"] + 1) / 2, r
+

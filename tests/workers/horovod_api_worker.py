@@ -98,15 +98,35 @@ def scenario_disagree():
             "after_in_graph": after_in_graph}
 
 
+def scenario_partial():
+    """PartialDistributedOptimizer: the shared layer's gradient is averaged over
+    ranks, the local layer's stays this rank's, divided by size (Horovod's
+    scale_local_gradients). Both kernels start at 0; SGD(1); input rank + 1."""
+    shared = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+    local = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+    inputs = keras.Input((1,))
+    model = keras.Model(inputs, [shared(inputs), local(inputs)])
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=[local])
+    with tf.GradientTape() as tape:
+        a, b = model(tf.constant([[float(hvd.rank() + 1)]]))
+        loss = tf.reduce_sum(a) + tf.reduce_sum(b)
+    opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return {"partial_shared": float(shared.kernel.numpy()[0, 0]),
+            "partial_local": float(local.kernel.numpy()[0, 0])}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenario")
     a = p.parse_args()
     hvd.init()
-    if a.scenario.startswith("fit"):
-        result = scenario_fit(int(a.scenario[3:] or 1))
-    else:
-        result = {"tape": scenario_tape, "disagree": scenario_disagree}[a.scenario]()
+    result = {}
+    for scenario in a.scenario.split(","):  # several in one run: "disagree,partial"
+        if scenario.startswith("fit"):
+            result.update(scenario_fit(int(scenario[3:] or 1)))
+        else:
+            result.update({"tape": scenario_tape, "disagree": scenario_disagree,
+                           "partial": scenario_partial}[scenario]())
     result.update(rank=hvd.rank(), size=hvd.size())
     report(result)
 

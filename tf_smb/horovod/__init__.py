@@ -13,7 +13,6 @@ of Horovod is needed. What differs from Horovod 0.28.1 is listed in the README
 """
 from __future__ import annotations
 
-import io
 import pickle
 from typing import Any, Callable, List, Optional, Sequence
 

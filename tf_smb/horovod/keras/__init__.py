@@ -22,7 +22,7 @@ from tf_smb.horovod.basics import (  # noqa: F401  (the public API)
     global_process_set, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
     local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
     remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
-from tf_smb.horovod.gradients import GradientReducer
+from tf_smb.horovod.gradients import GradientReducer, _divided
 from tf_smb.horovod.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 
 
@@ -44,8 +44,7 @@ class _DistributedOptimizer:
             return self._hvd_reducer.reduce(grads)
         local = [id(v) in self._hvd_local_ids for v in variables]
         shared = iter(self._hvd_reducer.reduce([g for g, l in zip(grads, local) if not l]))
-        return [next(shared) if not l else
-                (None if g is None else tf.convert_to_tensor(g) / size())
+        return [next(shared) if not l else (None if g is None else _divided(g, size()))
                 for g, l in zip(grads, local)]
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:  # noqa: D102
