@@ -1,9 +1,10 @@
-"""The cross-node benchmark (issue 8): 2 simulated nodes x 2 workers, side by side in one run.
+"""The cross-node benchmark: 2 simulated nodes, every strategy side by side in one run.
 
 On two simulated nodes of this machine (tests/simnodes.py: a network namespace each,
 joined by a veth pair; a private /dev/shm each; mpirun across them), for each shape of
 the link (`--links`: unshaped, 10 Gbit/s, 5 Gbit/s; `tc qdisc` tbf on both veth ends,
-inside the namespaces, with netem's 20 us delay where the kernel has netem):
+inside the namespaces, with netem's 20 us delay where the kernel has netem) and each
+layout (`--layouts`: 2x2 = 2 nodes x 2 workers, 2x1 = 2 nodes x 1 worker):
 
 1. the link itself: one TCP stream's rate one way, two streams' (one each way at once)
    and the median round trip of 1 byte (benchmarks/roles/nodes_link.py);
@@ -18,9 +19,10 @@ inside the namespaces, with netem's 20 us delay where the kernel has netem):
 4. the bytes that crossed the link per step for each of 2 and 3: the veth counters
    (rx_bytes + tx_bytes in node 0's namespace) read by rank 0 before and after the
    timed steps, over the steps (async: a step = one step of every worker);
-5. model.fit throughput of the MLP and the small CNN (benchmarks/roles/fit.py) for
-   SMBStrategy sync and HorovodStrategy under mpirun across the nodes (in the same jobs
-   as SMB sync's and Horovod flat's steps, after them: the workers start once).
+5. model.fit throughput of the small CNN, the MLP and the 11.6M-parameter MLP
+   (benchmarks/roles/fit.py) for SMBStrategy sync and HorovodStrategy under mpirun
+   across the nodes (in the same jobs as SMB sync's and Horovod flat's steps, after them:
+   the workers start once), and for SMBStrategy async (a job of its own).
 
 The floor of an all-reduce between two nodes: every gradient byte crosses the link
 once each way, so bytes / link rate (one way; both ways run at once); the link rate is
@@ -32,8 +34,9 @@ A strategy that cannot run reads n/a with the reason; the run goes on. Every job
 timeout (`--timeout`), after which everything in the nodes is killed; the shaping and
 the nodes are always removed at the end.
 
-    python -m benchmarks.nodes --out_dir=/tmp/bench_nodes          # everything (~35 min)
-    python -m benchmarks.nodes --smoke --out_dir=/tmp/nodes_smoke  # ~3 min, MLP, 10 Gbit/s
+    python -m benchmarks.nodes --out_dir=/tmp/bench_nodes          # everything (~90 min)
+    python -m benchmarks.nodes --smoke --out_dir=/tmp/nodes_smoke  # ~3 min, MLP, 2x2, 10 Gbit/s
+    python -m benchmarks.nodes --links=5gbit --models=resnet50 --fit_models=mlp,mlp10m
 
 Needs root (namespaces, tc) and Open MPI's mpirun; run from the checkout's root.
 """
@@ -69,8 +72,9 @@ from benchmarks.strategies import availability
 sys.path.insert(0, str(common.REPO_ROOT / "tests"))
 import simnodes  # noqa: E402  (tests/simnodes.py: the simulated nodes)
 
-PER_NODE = 2
-WORLD = 2 * PER_NODE
+PER_NODE = 2  # workers per node unless --layouts says otherwise
+# name -> workers per node ("2x1": 2 nodes x 1 worker)
+LAYOUTS = {"2x2": 2, "2x1": 1}
 # name -> (label, tc rate or None, rate in bit/s or None)
 LINKS: Dict[str, Tuple[str, Optional[str], Optional[float]]] = {
     "unshaped": ("unshaped veth", None, None),
@@ -82,17 +86,17 @@ COMM = ("smb_sync", "horovod_mpi", "horovod_hier", "mwms", "smb_async")
 LABELS = {"smb_sync": "SMB sync (hierarchical)", "horovod_mpi": "Horovod-MPI flat",
           "horovod_hier": "Horovod-MPI hierarchical", "mwms": "MWMS-RING",
           "smb_async": "SMB async step", "floor": "floor (bytes / link)",
-          "smb_fit": "SMB sync", "horovod_fit": "Horovod-MPI"}
+          "smb_fit": "SMB sync", "smb_async_fit": "SMB async", "horovod_fit": "Horovod-MPI"}
 COLORS = {"smb_sync": "tab:red", "horovod_mpi": "tab:blue", "horovod_hier": "tab:purple",
           "mwms": "tab:green", "smb_async": "tab:orange", "smb_fit": "tab:red",
-          "horovod_fit": "tab:blue"}
-FIT = ("smb_fit", "horovod_fit")
-FIT_KINDS = {"smb_fit": "smb_sync", "horovod_fit": "horovod"}
-FULL = dict(models="resnet50,vgg16", links="unshaped,10gbit,5gbit", iters=10, warmup=2,
-            fit_models="cnn,mlp", fit_epochs=5, fit_batch=256, samples="cnn:8192,mlp:32768",
-            timeout=900.0, link_seconds=2.0)
-SMOKE = dict(models="mlp", links="10gbit", iters=3, warmup=1, fit_models="mlp", fit_epochs=2,
-             fit_batch=64, samples="mlp:512", timeout=240.0, link_seconds=0.5)
+          "smb_async_fit": "tab:orange", "horovod_fit": "tab:blue"}
+FIT = ("smb_fit", "smb_async_fit", "horovod_fit")
+FIT_KINDS = {"smb_fit": "smb_sync", "smb_async_fit": "smb_async", "horovod_fit": "horovod"}
+FULL = dict(models="resnet50,vgg16", links="unshaped,10gbit,5gbit", layouts="2x2,2x1",
+            iters=10, warmup=2, fit_models="cnn,mlp,mlp10m", fit_epochs=5, fit_batch=256,
+            samples="cnn:8192,mlp:32768,mlp10m:4096", timeout=900.0, link_seconds=2.0)
+SMOKE = dict(models="mlp", links="10gbit", layouts="2x2", iters=3, warmup=1, fit_models="mlp",
+             fit_epochs=2, fit_batch=64, samples="mlp:512", timeout=240.0, link_seconds=0.5)
 # Required numbers of a smoke run (others, e.g. MWMS, may read n/a with a reason).
 SMOKE_REQUIRED = ("smb_sync", "horovod_mpi", "horovod_hier", "smb_async")
 
@@ -196,15 +200,16 @@ def run_mpirun(nodes: simnodes.SimulatedNodes, argv: List[str], env: Dict[str, s
 
 
 def run_mwms(nodes: simnodes.SimulatedNodes, argv: List[str], env: Dict[str, str],
-             timeout: float, port: int) -> Job:
-    """WORLD processes of `argv`, PER_NODE per node, TF_CONFIG naming the nodes' veth
-    addresses; the others are killed as soon as one fails."""
-    hosts = [f"{nodes.addresses[i // PER_NODE]}:{port + i}" for i in range(WORLD)]
+             timeout: float, port: int, per_node: int = PER_NODE) -> Job:
+    """2 x `per_node` processes of `argv`, TF_CONFIG naming the nodes' veth addresses;
+    the others are killed as soon as one fails."""
+    world = 2 * per_node
+    hosts = [f"{nodes.addresses[i // per_node]}:{port + i}" for i in range(world)]
     start = time.monotonic()
-    runs = [nodes.start(i // PER_NODE, argv, dict(env, TF_CONFIG=json.dumps(
+    runs = [nodes.start(i // per_node, argv, dict(env, TF_CONFIG=json.dumps(
         {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": i}})))
-        for i in range(WORLD)]
-    ends: List[object] = [None] * WORLD
+        for i in range(world)]
+    ends: List[object] = [None] * world
 
     def wait(i: int) -> None:
         try:
@@ -212,7 +217,7 @@ def run_mwms(nodes: simnodes.SimulatedNodes, argv: List[str], env: Dict[str, str
         except simnodes.NodesTimeout as e:
             ends[i] = e
 
-    threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(WORLD)]
+    threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(world)]
     for t in threads:
         t.start()
     failed = None
@@ -249,7 +254,8 @@ def link_bytes(result: dict) -> Dict[str, float]:
     return {"total": (tx + rx) / steps, "tx": tx / steps, "rx": rx / steps}
 
 
-def comm_cells(strategy: str, job: Job, models: Sequence[str]) -> Dict[Tuple[str, str], Cell]:
+def comm_cells(strategy: str, job: Job, models: Sequence[str], world: int
+               ) -> Dict[Tuple[str, str], Cell]:
     """(model, strategy) cells from a nodes_comm job; strategy smb_sync also gives smb_async."""
     found: Dict[Tuple[str, str], List[dict]] = {}
     for out in job.outputs:
@@ -264,7 +270,7 @@ def comm_cells(strategy: str, job: Job, models: Sequence[str]) -> Dict[Tuple[str
     for model in models:
         for name in names:
             rs = found.get((model, name), [])
-            need = WORLD if name == "smb_async" else 1
+            need = world if name == "smb_async" else 1
             first = [r for r in rs if r.get("rank") == 0]
             if len(rs) < need or not first:
                 cells[(model, name)] = Cell(None, why)
@@ -278,7 +284,8 @@ def comm_cells(strategy: str, job: Job, models: Sequence[str]) -> Dict[Tuple[str
     return cells
 
 
-def fit_cells(strategy: str, job: Job, models: Sequence[str]) -> Dict[Tuple[str, str], Cell]:
+def fit_cells(strategy: str, job: Job, models: Sequence[str], world: int
+              ) -> Dict[Tuple[str, str], Cell]:
     from benchmarks.suite import fit_throughput  # pylint: disable=import-outside-toplevel
     found: Dict[str, List[dict]] = {}
     for out in job.outputs:
@@ -288,7 +295,7 @@ def fit_cells(strategy: str, job: Job, models: Sequence[str]) -> Dict[Tuple[str,
     cells = {}
     for model in models:
         rs = found.get(model, [])
-        if len(rs) == WORLD and all(r.get("median_step_s") for r in rs):
+        if len(rs) == world and all(r.get("median_step_s") for r in rs):
             sps, epoch_s, timed = fit_throughput(rs)
             cells[(model, strategy)] = Cell(sps, detail={
                 "epoch_s": epoch_s, "epochs_timed": timed,
@@ -442,7 +449,7 @@ def plot(path: pathlib.Path, links: Sequence[str], labels: Dict[str, str],
             handles.setdefault(lab, h)
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=5,
                fontsize=8, frameon=False)
-    fig.suptitle(f"2 simulated nodes x {PER_NODE} workers, across a veth link")
+    fig.suptitle("2 simulated nodes x 1 or 2 workers (the rows' layouts), across a veth link")
     fig.tight_layout(rect=(0, 0.1, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -457,11 +464,15 @@ def run(args: argparse.Namespace) -> int:
     load = os.getloadavg()
     models = common.split_list(args.models, "")
     links = common.split_list(args.links, "")
+    layouts = common.split_list(args.layouts, "")
     fit_models = common.split_list(args.fit_models, "")
     samples = {k: int(v) for k, _, v in (s.partition(":") for s in args.samples.split(","))}
     for link in links:
         if link not in LINKS:
             raise SystemExit(f"--links: unknown {link!r}; known: {', '.join(LINKS)}")
+    for layout in layouts:
+        if layout not in LAYOUTS:
+            raise SystemExit(f"--layouts: unknown {layout!r}; known: {', '.join(LAYOUTS)}")
     tmp = tempfile.TemporaryDirectory(prefix="tf_smb_nodes_")
     shapes_path = pathlib.Path(tmp.name) / "shapes.json"
     env = subprocess_env({common.SHAPES_ENV: str(shapes_path)})
@@ -499,6 +510,72 @@ def run(args: argparse.Namespace) -> int:
         failures.append((what, why, excerpt))
         print(f"--- {what} failed: {why}\n{excerpt[-3000:]}\n---", file=sys.stderr, flush=True)
 
+    def run_layout(row: str, label: str, per_node: int, port: int) -> int:
+        """Every strategy's jobs on `per_node` workers a node, the link as shaped;
+        their cells under `row`. Returns the next free port."""
+        world = 2 * per_node
+        iface = ["--iface", nodes.veth[0]]
+        fit_args = [f"--fit_models={','.join(fit_models)}", f"--fit_epochs={args.fit_epochs}",
+                    f"--fit_batch={args.fit_batch}",
+                    "--samples=" + ",".join(f"{m}:{samples[m]}" for m in fit_models)]
+        for strategy in (*COMM[:-1], "smb_async_fit"):
+            t0 = time.perf_counter()
+            # model.fit rides in the SMB sync and Horovod flat jobs (after the steps);
+            # async fit has a job of its own (a process runs one mode).
+            fit_strategy = {"smb_sync": "smb_fit", "horovod_mpi": "horovod_fit",
+                            "smb_async_fit": "smb_async_fit"}.get(strategy) if fit_models else None
+            if strategy == "smb_async_fit" and not fit_strategy:
+                continue
+            job = None
+            cells: Dict[Tuple[str, str], Cell] = {}
+            unavailable_here = unavailable.get("smb_sync" if strategy == "smb_async_fit"
+                                               else strategy)
+            if unavailable_here:
+                cells = {(m, strategy): Cell(None, "unavailable: " + unavailable_here)
+                         for m in models} if strategy != "smb_async_fit" else {}
+            elif strategy == "smb_async_fit":
+                job = run_mpirun(nodes, node_role_argv("fit", "--kind=smb_async", *fit_args),
+                                 dict(job_env), args.timeout, per_node)
+            elif strategy == "mwms":
+                job = run_mwms(nodes, node_role_argv("nodes_comm", "--kind=mwms", *steps, *iface),
+                               dict(env, **job_env), args.timeout, port, per_node)
+                port += 10
+                cells = comm_cells(strategy, job, models, world)
+            else:
+                kind = "smb" if strategy == "smb_sync" else "horovod"
+                extra = ["--push"] if strategy == "smb_sync" else []
+                if fit_strategy:
+                    extra += [f"--fit_kind={FIT_KINDS[fit_strategy]}", *fit_args]
+                e = dict(job_env)
+                if strategy == "horovod_hier":
+                    e["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
+                job = run_mpirun(nodes, node_role_argv("nodes_comm", f"--kind={kind}", *steps,
+                                                       *iface, *extra), e, args.timeout,
+                                 per_node)
+                cells = comm_cells(strategy, job, models, world)
+            fcells = {}
+            if fit_strategy:
+                if job is None:
+                    fcells = {(m, fit_strategy): Cell(None, "unavailable: " + unavailable_here)
+                              for m in fit_models}
+                else:
+                    fcells = fit_cells(fit_strategy, job, fit_models, world)
+            if job is not None and any(c.value is None for c in
+                                       [*cells.values(), *fcells.values()]):
+                note_failure(f"{label}: {LABELS[strategy]}", job)
+            for (m, s), c in cells.items():
+                comm[(row, m, s)] = c
+            for (m, s), c in fcells.items():
+                fit[(row, m, s)] = c
+            log(f"{label}, {LABELS[strategy]}: " + ", ".join(
+                f"{m} {LABELS[s] if s != strategy else ''} {fmt(c.value)} ms "
+                f"({mb(c.detail.get('link', {}).get('total'))} MB/step on the link)"
+                .replace("  ", " ") for (m, s), c in cells.items())
+                + "".join(f", fit {m} {fmt(c.value, '.0f')} samples/s"
+                          for (m, _), c in fcells.items())
+                + f"  ({time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.1f})")
+        return port
+
     nodes = simnodes.SimulatedNodes().__enter__()
     nodes_info = {"netns": nodes.netns, "veth": nodes.veth, "hostnames": nodes.hostnames,
                   "addresses": nodes.addresses}
@@ -514,78 +591,32 @@ def run(args: argparse.Namespace) -> int:
                 # A link that cannot be shaped or measured: its cells read n/a, the run
                 # goes on with the next shape.
                 why = f"link {label}: {type(e).__name__}: {e}"
-                link_info[link] = {"label": label, "qdisc": "n/a", "note": why,
-                                   "floor_gbit": None, "one_way_gbit": None,
-                                   "both_ways_gbit": None, "rtt_us": None}
-                for m in models:
-                    for strategy in COMM:
-                        comm[(link, m, strategy)] = Cell(None, why)
-                for m in fit_models:
-                    for strategy in FIT:
-                        fit[(link, m, strategy)] = Cell(None, why)
+                for layout in layouts:
+                    row = f"{layout} {link}"
+                    link_info[row] = {"label": f"{layout}, {label}", "qdisc": "n/a",
+                                      "note": why, "floor_gbit": None, "one_way_gbit": None,
+                                      "both_ways_gbit": None, "rtt_us": None}
+                    for m in models:
+                        for strategy in COMM:
+                            comm[(row, m, strategy)] = Cell(None, why)
+                    for m in fit_models:
+                        for strategy in FIT:
+                            fit[(row, m, strategy)] = Cell(None, why)
                 log(why)
                 continue
             port += 10
             if rate and not note:
                 label += f", {DELAY} delay"
             floor_gbit = bits / 1e9 if bits else measured["one_way_gbit"]
-            link_info[link] = {"label": label, "qdisc": applied, "note": note,
-                               "floor_gbit": floor_gbit, **measured}
             log(f"link {label}: {applied}; one way {measured['one_way_gbit']:.2f} Gbit/s, both "
                 f"ways {measured['both_ways_gbit']:.2f} Gbit/s each, rtt "
                 f"{fmt(measured['rtt_us'], '.0f')} us {note}")
-            iface = ["--iface", nodes.veth[0]]
-            for strategy in COMM[:-1]:
-                t0 = time.perf_counter()
-                # model.fit rides in the SMB sync and Horovod flat jobs (after the steps).
-                fit_strategy = {"smb_sync": "smb_fit", "horovod_mpi": "horovod_fit"}.get(
-                    strategy) if fit_models else None
-                fit_args = [f"--fit_kind={FIT_KINDS[fit_strategy]}",
-                            f"--fit_models={','.join(fit_models)}",
-                            f"--fit_epochs={args.fit_epochs}", f"--fit_batch={args.fit_batch}",
-                            "--samples=" + ",".join(f"{m}:{samples[m]}" for m in fit_models)
-                            ] if fit_strategy else []
-                job = None
-                if unavailable.get(strategy):
-                    cells = {(m, strategy): Cell(None, "unavailable: " + unavailable[strategy])
-                             for m in models}
-                elif strategy == "mwms":
-                    job = run_mwms(nodes, node_role_argv("nodes_comm", "--kind=mwms", *steps, *iface),
-                                   dict(env, **job_env), args.timeout, port)
-                    port += 10
-                    cells = comm_cells(strategy, job, models)
-                else:
-                    kind = "smb" if strategy == "smb_sync" else "horovod"
-                    extra = ["--push"] if strategy == "smb_sync" else []
-                    e = dict(job_env)
-                    if strategy == "horovod_hier":
-                        e["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
-                    job = run_mpirun(nodes, node_role_argv("nodes_comm", f"--kind={kind}", *steps,
-                                                      *iface, *extra, *fit_args), e,
-                                     args.timeout)
-                    cells = comm_cells(strategy, job, models)
-                fcells = {}
-                if fit_strategy:
-                    if job is None:
-                        fcells = {(m, fit_strategy): Cell(None, "unavailable: "
-                                                          + unavailable[strategy])
-                                  for m in fit_models}
-                    else:
-                        fcells = fit_cells(fit_strategy, job, fit_models)
-                if job is not None and any(c.value is None for c in
-                                           [*cells.values(), *fcells.values()]):
-                    note_failure(f"{label}: {LABELS[strategy]}", job)
-                for (m, s), c in cells.items():
-                    comm[(link, m, s)] = c
-                for (m, s), c in fcells.items():
-                    fit[(link, m, s)] = c
-                log(f"{label}, {LABELS[strategy]}: " + ", ".join(
-                    f"{m} {LABELS[s] if s != strategy else ''} {fmt(c.value)} ms "
-                    f"({mb(c.detail.get('link', {}).get('total'))} MB/step on the link)"
-                    .replace("  ", " ") for (m, s), c in cells.items())
-                    + "".join(f", fit {m} {fmt(c.value, '.0f')} samples/s"
-                              for (m, _), c in fcells.items())
-                    + f"  ({time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.1f})")
+            for layout in layouts:
+                row = f"{layout} {link}"
+                row_label = f"{layout}, {label}"
+                link_info[row] = {"label": row_label, "qdisc": applied, "note": note,
+                                  "floor_gbit": floor_gbit, "layout": layout, **measured}
+                port = run_layout(row, row_label, LAYOUTS[layout], port)
     finally:
         try:
             unshape(nodes)
@@ -594,7 +625,8 @@ def run(args: argparse.Namespace) -> int:
             tmp.cleanup()
         log("link unshaped, nodes removed")
 
-    return report(args, out_dir, started, load, info, models, links, fit_models, samples,
+    rows = [f"{layout} {link}" for link in links for layout in layouts]
+    return report(args, out_dir, started, load, info, models, rows, fit_models, samples,
                   model_bytes, link_info, comm, fit, failures, nodes_info)
 
 
@@ -613,14 +645,15 @@ def report(args, out_dir, started, load, info, models, links, fit_models, sample
                          "ok" if value is not None else "n/a", reason])
 
     sections = [
-        "# tf_smb across nodes: 2 simulated nodes x 2 workers\n\n"
+        "# tf_smb across nodes: 2 simulated nodes\n\n"
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {platform.node()}, "
         f"Linux {platform.release()}, {info.get('cpus')} CPUs (load average at the start "
         f"{load[0]:.2f}; the machine is shared), Python {info.get('python')}, TensorFlow "
         f"{info.get('tensorflow')}, Keras {info.get('keras')}, Horovod "
         f"{info.get('horovod', 'n/a')}. Two network namespaces joined by a veth pair, a "
-        f"private /dev/shm each, mpirun across them (tests/simnodes.py); {WORLD} workers on "
-        f"{info.get('cpus')} cores. Command: `python -m benchmarks.nodes "
+        f"private /dev/shm each, mpirun across them (tests/simnodes.py); each row's layout "
+        f"is nodes x workers a node (2x2: 4 workers, 2x1: 2) on {info.get('cpus')} cores. "
+        f"Command: `python -m benchmarks.nodes "
         f"{'--smoke ' if args.smoke else ''}--out_dir {args.out_dir}`."]
 
     # The link.
@@ -689,8 +722,8 @@ def report(args, out_dir, started, load, info, models, links, fit_models, sample
                     *(LABELS[s] for s in COMM)], byte_rows) + "\n\n"
         "From the veth's rx_bytes + tx_bytes in node 0's namespace (headers included), read "
         "by rank 0 after a barrier before and after the timed steps, over the steps (the "
-        "barriers' own bytes included). Async: one step = one step of each of the "
-        f"{WORLD} workers.")
+        "barriers' own bytes included). Async: one step = one step of each "
+        "worker.")
 
     # The machine's load at the end of each job (it is shared: another's load slows
     # every strategy's steps, unevenly).
@@ -706,29 +739,33 @@ def report(args, out_dir, started, load, info, models, links, fit_models, sample
         sections.append(
             "### Load average (1 min) at the end of each job\n\n"
             + markdown(["link", *(LABELS[s] for s in COMM[:-1])], loads) + "\n\n"
-            f"{WORLD} workers on {info.get('cpus')} cores; above {WORLD}, other processes "
-            "(this machine is shared) competed for the cores during the job.")
+            f"Up to 4 workers on {info.get('cpus')} cores; above the row's workers, other "
+            "processes (this machine is shared) competed for the cores during the job.")
 
     # Fit.
     if fit_models:
         rows = []
         for l in links:
             for m in fit_models:
-                a, b = (fit.get((l, m, s), Cell(None, "not run")) for s in FIT)
-                rows.append([labels[l], m, fmt(a.value, ".0f"), fmt(b.value, ".0f"),
-                             fmt(ratio(a.value, b.value), ".2f")])
-                for s, c in zip(FIT, (a, b)):
+                cells = [fit.get((l, m, s), Cell(None, "not run")) for s in FIT]
+                sync, asy, hvd = cells
+                rows.append([labels[l], m, *(fmt(c.value, ".0f") for c in cells),
+                             fmt(ratio(sync.value, hvd.value), ".2f"),
+                             fmt(ratio(asy.value, hvd.value), ".2f")])
+                for s, c in zip(FIT, cells):
                     csv_row("fit", l, m, LABELS[s], "samples_per_s", c.value, "samples/s",
                             c.reason)
         sections.append(
             "## model.fit throughput across the nodes (samples/s)\n\n"
-            + markdown(["link", "model", "SMB sync", "Horovod-MPI", "SMB / Horovod"], rows)
-            + f"\n\nSynthetic data, global batch {args.fit_batch} over {WORLD} workers, "
+            + markdown(["link", "model", *(LABELS[s] for s in FIT), "SMB sync / Horovod",
+                        "SMB async / Horovod"], rows)
+            + f"\n\nSynthetic data, global batch {args.fit_batch} over the row's workers, "
             f"{args.fit_epochs} epochs of " + ", ".join(f"{m} {samples[m]}" for m in fit_models)
             + " samples; the epochs after the first at the median step time, the slowest "
             "worker's (as benchmarks/suite.py). SMBStrategy (sync) and tf_smb.HorovodStrategy "
             "under mpirun across the nodes, each in the job of its all-reduce steps, after "
-            "them.")
+            "them; SMBStrategy(mode=\"async\") in a job of its own (a worker takes every "
+            "N-th global batch whole).")
 
     # Targets.
     targets = target_rows(links, models, link_info, comm, model_bytes)
@@ -783,10 +820,14 @@ def report_from(path: str, out_dir: str) -> int:
     data = json.loads(pathlib.Path(path).read_text())
     args = argparse.Namespace(**data["args"])
     links = common.split_list(args.links, "")
+    # Rows: each layout on each link (runs before --layouts: 2x2, keyed by the link).
+    rows = ([f"{layout} {link}" for link in links
+             for layout in common.split_list(args.layouts, "")]
+            if getattr(args, "layouts", None) else links)
     link_info = data["links"]
-    for l in links:  # runs before the labels said whether the delay was applied
-        if link_info[l].get("note") and link_info[l]["label"].endswith(", 20 us"):
-            link_info[l]["label"] = LINKS[l][0]
+    for row in rows:  # runs before the labels said whether the delay was applied
+        if link_info[row].get("note") and link_info[row]["label"].endswith(", 20 us"):
+            link_info[row]["label"] = link_info[row]["label"][:-len(", 20 us")]
 
     def cells(items):
         out = {}
@@ -800,7 +841,7 @@ def report_from(path: str, out_dir: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
     samples = {k: int(v) for k, _, v in (x.partition(":") for x in args.samples.split(","))}
     return report(args, out, data["started"], data["load"], data["probe"],
-                  common.split_list(args.models, ""), links,
+                  common.split_list(args.models, ""), rows,
                   common.split_list(args.fit_models, ""), samples, data["model_bytes"],
                   link_info, cells(data["comm"]), cells(data["fit"]),
                   [(f["what"], f["reason"], f["output"]) for f in data["failures"]],

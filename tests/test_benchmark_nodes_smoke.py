@@ -22,7 +22,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 REQUIRED = {  # section -> strategies whose cells must hold numbers
     "comm": {"SMB sync (hierarchical)", "Horovod-MPI flat", "Horovod-MPI hierarchical",
              "SMB async step", "floor"},
-    "fit": {"SMB sync", "Horovod-MPI"},
+    "fit": {"SMB sync", "SMB async", "Horovod-MPI"},
     "link": {"tcp"},
 }
 
@@ -56,7 +56,7 @@ def test_benchmark_nodes_smoke(tmp_path: pathlib.Path) -> None:
         for strategy in strategies:
             assert (section, strategy) in seen, (section, strategy, rows)
     links = {(r["link"], r["model"]) for r in rows if r["section"] == "comm"}
-    assert links == {("10gbit", "mlp")}, links
+    assert links == {("2x2 10gbit", "mlp")}, links
     # Bytes crossed the link for every all-reduce and the async step.
     link_rows = [r for r in rows if r["metric"] == "link_MB_per_step" and r["status"] == "ok"]
     assert {r["strategy"] for r in link_rows} >= REQUIRED["comm"] - {"floor"}, link_rows
