@@ -222,10 +222,19 @@ def _launch(nodes, tmp_path_factory, per_node, scenario, batch=B, env=None):
 
 @pytest.fixture(scope="module")
 def fit_2x2_with_timeline(nodes, tmp_path_factory):
-    trace = str(tmp_path_factory.mktemp("timeline") / "fit.json")
+    """The fit scenario on 2 nodes x 2 workers recording its timeline in each
+    node's private /dev/shm: the nodes share no directory for it, so node 1's
+    parts reach rank 0 through the job's link. Returns the results, the trace
+    (read in node 0) and what is left of the timeline's directory in node 1."""
+    folder = f"/dev/shm/tf_smb-test-timeline-{os.getpid()}"
+    trace = folder + "/fit.json"
     results = _launch(nodes, tmp_path_factory, 2, "fit", env={"TF_SMB_TIMELINE": trace})
-    with open(trace) as f:
-        return results, json.load(f)
+    read = nodes.run(0, ["cat", trace])
+    left_in_node1 = nodes.run(1, ["find", "/dev/shm", "-path", f"{folder}*"])
+    for node in (0, 1):
+        nodes.run(node, ["rm", "-rf", folder])
+    assert read.returncode == 0, read.stderr
+    return results, json.loads(read.stdout), left_in_node1.stdout.split()
 
 
 @pytest.fixture(scope="module")
@@ -261,13 +270,15 @@ def test_fit_2x2_equals_one_process_on_global_batch(fit_2x2, single):
     _check_fit(fit_2x2, single("fit", 4 * B))
 
 
-def test_timeline_across_nodes_puts_each_ranks_events_in_its_row(fit_2x2_with_timeline):
+def test_timeline_across_nodes_without_a_shared_directory_puts_each_ranks_events_in_its_row(fit_2x2_with_timeline):
     # Every rank's collectives and their phases are in its own row (its job
     # rank, not its rank within the node): each rank ran each call of each
     # all-reduce of the training step once.
-    _, trace = fit_2x2_with_timeline
+    _, trace, left_in_node1 = fit_2x2_with_timeline
     events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert trace["otherData"]["missing_ranks"] == [], trace["otherData"]
+    assert trace["otherData"]["partial_ranks"] == [], trace["otherData"]
+    assert left_in_node1 == [], left_in_node1  # node 1's parts went through the link
     per_rank = []
     for rank in range(4):
         calls = {}

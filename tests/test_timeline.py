@@ -136,7 +136,7 @@ def test_launcher_async_fit_with_flush(tmp_path):
         assert max(e["ts"] for e in _x(trace, rank, "step")) > 0
 
 
-def _part(directory, job, rank, world, final=True):
+def _part(directory, job, rank, world, final=True, **other):
     os.makedirs(directory, exist_ok=True)
     events = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
                "args": {"name": f"rank {rank}"}},
@@ -145,7 +145,7 @@ def _part(directory, job, rank, world, final=True):
     with open(os.path.join(directory, f"{job}.rank{rank}.json"), "w") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms",
                    "otherData": {"tf_smb_job": job, "world": world, "rank": rank,
-                                 "final": final}}, f)
+                                 "final": final, **other}}, f)
 
 
 def _merge_cli(*args):
@@ -173,6 +173,21 @@ def test_merge_command_for_parts_left_behind(tmp_path):
     assert os.listdir(path + ".parts") == ["old-job.rank0.json"]  # other jobs' parts stay
     r = _merge_cli(str(tmp_path / "none.json"))
     assert r.returncode == 1 and "no timeline parts" in r.stderr
+
+
+def test_merge_puts_other_hosts_on_rank0s_clock(tmp_path):
+    # Each host has its own CLOCK_MONOTONIC (parts say their boot id): the
+    # merge moves another host's events by the difference of the hosts'
+    # CLOCK_REALTIME leads, and leaves the events of rank 0's host alone.
+    path = str(tmp_path / "t.json")
+    _part(path + ".parts", "job", 0, 3, boot_id="a", realtime_ahead_ns=5_000_000)
+    _part(path + ".parts", "job", 1, 3, boot_id="a", realtime_ahead_ns=5_000_700)
+    _part(path + ".parts", "job", 2, 3, boot_id="b", realtime_ahead_ns=7_500_250)
+    r = _merge_cli(path)
+    assert r.returncode == 0, r.stderr
+    with open(path) as f:
+        ts = {e["pid"]: e["ts"] for e in json.load(f)["traceEvents"] if e["ph"] == "X"}
+    assert ts == {0: 1000.0, 1: 1001.0, 2: pytest.approx(1002.0 + 2500.25)}
 
 
 def test_render_draws_a_png(tmp_path):

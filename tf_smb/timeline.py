@@ -35,7 +35,12 @@ parts (until each is there, its worker has exited, or
 ``TF_SMB_TIMELINE_WAIT_S`` seconds, default 60, have passed), merges them into
 PATH and removes them. When a part is missing it writes PATH without it and
 keeps the parts; ``python -m tf_smb.timeline merge PATH`` merges again later.
-Times are CLOCK_MONOTONIC microseconds, shared by the processes of a node.
+Across nodes no filesystem need be shared: the workers of other nodes send their
+final parts to rank 0's worker through the job's link (MPI).
+Times are CLOCK_MONOTONIC microseconds, shared by the processes of a host; a
+merge moves the events of other hosts by the difference of the hosts'
+CLOCK_REALTIME leads (each part records its host's boot id and lead), so their
+rows line up as well as the hosts' real-time clocks agree (NTP: ~1 ms).
 
 Command line::
 
@@ -197,6 +202,19 @@ def load(trace_path: str) -> Dict[str, Any]:
         return json.load(f)
 
 
+def clock_shift_ns(part: Dict[str, Any], reference: Dict[str, Any]) -> int:
+    """Nanoseconds that put the times of a part (its otherData) on the clock of
+    the reference part: 0 for parts of one host (one boot, one CLOCK_MONOTONIC);
+    across hosts, the difference of their CLOCK_REALTIME leads, so hosts whose
+    real-time clocks agree (NTP) line up. As the C++ merge does."""
+    keys = ("boot_id", "realtime_ahead_ns")
+    if any(k not in part or k not in reference for k in keys):
+        return 0
+    if part["boot_id"] == reference["boot_id"]:
+        return 0
+    return int(part["realtime_ahead_ns"]) - int(reference["realtime_ahead_ns"])
+
+
 def merge(trace_path: str, job: Optional[str] = None, keep_parts: bool = False) -> Dict[str, Any]:
     """Merges the parts of one job in ``trace_path + ".parts"`` into trace_path.
 
@@ -219,10 +237,16 @@ def merge(trace_path: str, job: Optional[str] = None, keep_parts: bool = False) 
     events: List[Dict[str, Any]] = []
     world = 0
     partial = []
+    reference: Optional[Dict[str, Any]] = None  # the first part's clock (rank 0's)
     for rank in sorted(found[job]):
         part = load(found[job][rank])
-        events.extend(part.get("traceEvents", []))
         other = part.get("otherData", {})
+        reference = other if reference is None else reference
+        shift_us = clock_shift_ns(other, reference) / 1000
+        for event in part.get("traceEvents", []):
+            if shift_us and "ts" in event:
+                event["ts"] += shift_us
+            events.append(event)
         world = max(world, int(other.get("world", 0)), rank + 1)
         if not other.get("final", True):
             partial.append(rank)  # written by flush(): the worker did not reach its exit

@@ -3,6 +3,7 @@
 // order all ranks agree on (matched by key, whatever order TensorFlow runs
 // independent ops in), and call done() when it finishes, so TensorFlow's
 // inter-op threads never block.
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "cc/smb/algorithms/replica_sum.h"
 #include "cc/smb/communicator.h"
 #include "cc/smb/copy.h"
+#include "cc/smb/node_link.h"
 #include "cc/smb/param_server.h"
 #include "cc/smb/scheduler.h"
 #include "cc/smb/segment/segment_io.h"
@@ -120,7 +122,8 @@ class SmbContext {
                                         [weak](int rank) {
                                           auto c = weak.lock();
                                           return c != nullptr && c->group().RankGone(rank);
-                                        });
+                                        },
+                                        TimelineOverTheLink(comm_));
     return absl::OkStatus();
   }
 
@@ -157,6 +160,31 @@ class SmbContext {
 
  private:
   SmbContext() = default;
+
+  // Across nodes no filesystem need be shared: ranks on other nodes than rank
+  // 0's send their final timeline part to rank 0 through the link, and rank
+  // 0 stores it among the parts it merges. Null (write the part) otherwise.
+  static std::function<smb::Status(std::vector<char>)> TimelineOverTheLink(
+      const std::shared_ptr<smb::Communicator>& comm) {
+    smb::NodeLink* link = comm->group().link();
+    if (link == nullptr) return nullptr;
+    if (comm->rank() == 0) {
+      link->SetRankZeroReceiver([](int from, std::vector<char> part) {
+        smb::Status s = smb::timeline::StorePart(from, part);
+        if (!s.ok()) std::fprintf(stderr, "tf_smb timeline: %s\n", s.message().c_str());
+      });
+    }
+    int node_of_rank0 = 0, local = 0;
+    link->Locate(0, &node_of_rank0, &local);
+    if (link->node() == node_of_rank0) return nullptr;
+    std::weak_ptr<smb::Communicator> weak = comm;
+    return [weak](std::vector<char> part) {
+      auto c = weak.lock();
+      if (c == nullptr) return smb::Status(smb::Code::kAborted, "the job's link is gone");
+      c->group().link()->SendToRankZero(std::move(part));
+      return smb::Status::Ok();
+    };
+  }
 
   static absl::Status NotJoined() {
     return absl::FailedPreconditionError(

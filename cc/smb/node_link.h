@@ -119,6 +119,15 @@ class NodeLink {
   // from yet is at step 0, training).
   virtual std::vector<RemoteClock> RemoteClocks() const = 0;
 
+  // ---- Files for rank 0 (each rank's timeline at exit: nodes need share no
+  // filesystem) ----
+  // Sends `bytes` to job rank 0, after what this rank posted before and
+  // before it leaves at exit.
+  virtual void SendToRankZero(std::vector<char> bytes) = 0;
+  // On rank 0: `receiver` gets what each other rank sends with
+  // SendToRankZero (on the link's thread).
+  virtual void SetRankZeroReceiver(std::function<void(int from, std::vector<char>)> receiver) = 0;
+
   // ---- Lost ranks (the asynchronous mode) ----
   // A rank of another node that sends nothing for a while is lost (its node
   // died or was cut off). By default that fails the job. After this call it

@@ -30,6 +30,7 @@ namespace {
 constexpr size_t kMaxNames = 65536;  // distinct names kept; later ones share one
 constexpr int kMaxTracks = 16;
 constexpr int kMaxLanes = 16;        // lanes of a flat track; tid = track * 16 + lane
+constexpr std::streamoff kTailBytes = 1024;  // a part's end: its otherData
 constexpr double kPollS = 0.02;      // how often rank 0 looks for the others' parts
 
 const char* const kBuiltinTracks[kNumTracks] = {"steps", "collectives", "clock", "segments"};
@@ -137,6 +138,7 @@ void AppendMicros(std::string* out, int64_t ns) {
 struct Writer {
   static constexpr size_t kChunk = size_t{1} << 20;
   explicit Writer(FILE* file) : f(file) {}
+  explicit Writer(std::vector<char>* bytes) : memory(bytes) {}
   void EndLine() {
     if (!first) buf.append(",\n");
     first = false;
@@ -145,10 +147,15 @@ struct Writer {
     if (buf.size() >= kChunk) Drain();
   }
   void Drain() {
-    if (!buf.empty() && std::fwrite(buf.data(), 1, buf.size(), f) != buf.size()) ok = false;
+    if (memory != nullptr) {
+      memory->insert(memory->end(), buf.begin(), buf.end());
+    } else if (!buf.empty() && std::fwrite(buf.data(), 1, buf.size(), f) != buf.size()) {
+      ok = false;
+    }
     buf.clear();
   }
-  FILE* f;
+  FILE* f = nullptr;
+  std::vector<char>* memory = nullptr;  // set: the document goes here, not to f
   std::string line;
   std::string buf;
   bool first = true;
@@ -273,19 +280,21 @@ std::string OtherData(const std::string& job_id, int world, const std::string& e
   return out;
 }
 
-// Replaces `path` (atomically) by {"traceEvents":[ <the lines `body` writes>
-// ], ...}: a part or the job's file.
-Status WriteDocument(const std::string& path, const std::string& other_data,
-                     const std::function<void(Writer*)>& body) {
+// Writes {"traceEvents":[ <the lines `body` writes> ], ...}: a part or the job's file.
+void Compose(Writer* w, const std::string& other_data, const std::function<void(Writer*)>& body) {
+  w->buf = "{\"traceEvents\":[\n";
+  body(w);
+  w->buf.append("\n],\"displayTimeUnit\":\"ms\"").append(other_data).append("}\n");
+  w->Drain();
+}
+
+// Replaces `path` (atomically) by what `write` puts into the file.
+Status ReplaceFile(const std::string& path, const std::function<bool(FILE*)>& write) {
   const std::string tmp = path + ".tmp-" + std::to_string(getpid());
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) return SystemError("cannot write the timeline to " + tmp);
-  Writer w(f);
-  w.buf = "{\"traceEvents\":[\n";
-  body(&w);
-  w.buf.append("\n],\"displayTimeUnit\":\"ms\"").append(other_data).append("}\n");
-  w.Drain();
-  if (std::fclose(f) != 0 || !w.ok) {
+  const bool written = write(f);
+  if (std::fclose(f) != 0 || !written) {
     std::remove(tmp.c_str());
     return SystemError("cannot write the timeline to " + tmp);
   }
@@ -294,6 +303,15 @@ Status WriteDocument(const std::string& path, const std::string& other_data,
     return SystemError("cannot move the timeline to " + path);
   }
   return Status::Ok();
+}
+
+Status WriteDocument(const std::string& path, const std::string& other_data,
+                     const std::function<void(Writer*)>& body) {
+  return ReplaceFile(path, [&](FILE* f) {
+    Writer w(f);
+    Compose(&w, other_data, body);
+    return w.ok;
+  });
 }
 
 std::string PartsDir(const std::string& path) { return path + ".parts"; }
@@ -318,17 +336,81 @@ std::string PartPath(const std::string& path, const std::string& job_id, int ran
   return PartsDir(path) + "/" + job_id + ".rank" + std::to_string(rank) + ".json";
 }
 
-// Whether `part` is there and holds its rank's final events (written at its
-// exit, not by a Flush() along the way): its last line says so.
-bool IsFinalPart(const std::string& part) {
-  std::ifstream in(part, std::ios::binary | std::ios::ate);
-  if (!in) return false;
+// Which clock a part's times are on: CLOCK_MONOTONIC, shared by the
+// processes of one boot of one host (its boot id), and how far that host's
+// CLOCK_REALTIME was ahead of it. A merge moves the events of another host's
+// parts by the difference, so hosts whose real-time clocks agree (NTP) line up.
+std::string ClockData() {
+  std::string boot_id;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot_id);
+  timespec real, mono;
+  clock_gettime(CLOCK_REALTIME, &real);
+  clock_gettime(CLOCK_MONOTONIC, &mono);
+  const int64_t ahead = (static_cast<int64_t>(real.tv_sec) - mono.tv_sec) * 1000000000 +
+                        (real.tv_nsec - mono.tv_nsec);
+  std::string out = ",\"boot_id\":";
+  AppendJsonString(&out, boot_id);
+  return out + ",\"realtime_ahead_ns\":" + std::to_string(ahead);
+}
+
+// The last `bytes` of file `path` ("" when it cannot be read).
+std::string Tail(const std::string& path, std::streamoff bytes) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return "";
   const std::streamoff size = in.tellg();
-  const std::streamoff tail = std::min<std::streamoff>(size, 512);
+  const std::streamoff tail = std::min<std::streamoff>(size, bytes);
   std::string end(static_cast<size_t>(tail), '\0');
   in.seekg(size - tail);
   in.read(&end[0], tail);
-  return end.find("\"final\":true") != std::string::npos;
+  return end;
+}
+
+// The text of `"key":` in `json` up to the next ',' or '}' ("" if absent).
+std::string Field(const std::string& json, const std::string& key) {
+  const std::string tag = "\"" + key + "\":";
+  const size_t at = json.rfind(tag);
+  if (at == std::string::npos) return "";
+  const size_t start = at + tag.size();
+  const size_t end = json.find_first_of(",}", start);
+  return json.substr(start, end == std::string::npos ? std::string::npos : end - start);
+}
+
+// Nanoseconds to add to the times of the part whose tail is `part_tail` to
+// put them on the clock of the part whose tail is `reference_tail`: 0 on one
+// host (one boot), or when either part does not say.
+int64_t ClockShiftNs(const std::string& part_tail, const std::string& reference_tail) {
+  const std::string boot = Field(part_tail, "boot_id"), ref_boot = Field(reference_tail, "boot_id");
+  const std::string ahead = Field(part_tail, "realtime_ahead_ns");
+  const std::string ref_ahead = Field(reference_tail, "realtime_ahead_ns");
+  if (boot.empty() || ref_boot.empty() || boot == ref_boot || ahead.empty() || ref_ahead.empty()) {
+    return 0;
+  }
+  return std::strtoll(ahead.c_str(), nullptr, 10) - std::strtoll(ref_ahead.c_str(), nullptr, 10);
+}
+
+// Moves the event on `line` (if it has a "ts") by `shift_ns`.
+void ShiftTime(std::string* line, int64_t shift_ns) {
+  const std::string tag = ",\"ts\":";
+  const size_t at = line->find(tag);
+  if (shift_ns == 0 || at == std::string::npos) return;
+  const size_t start = at + tag.size();
+  const size_t end = line->find_first_of(",}", start);
+  if (end == std::string::npos) return;
+  const std::string micros = line->substr(start, end - start);
+  const size_t dot = micros.find('.');
+  const bool negative = !micros.empty() && micros[0] == '-';
+  int64_t ns = std::strtoll(micros.substr(negative, dot - negative).c_str(), nullptr, 10) * 1000;
+  if (dot != std::string::npos) ns += std::strtoll(micros.substr(dot + 1, 3).c_str(), nullptr, 10);
+  std::string moved;
+  AppendMicros(&moved, (negative ? -ns : ns) + shift_ns);
+  line->replace(start, end - start, moved);
+}
+
+// Whether `part` is there and holds its rank's final events (written at its
+// exit, not by a Flush() along the way): its last line says so.
+bool IsFinalPart(const std::string& part) {
+  return Tail(part, kTailBytes).find("\"final\":true") != std::string::npos;
 }
 
 Snapshot Take() {
@@ -349,11 +431,18 @@ Status Write(const Snapshot& s, bool final, std::string* written) {
   const std::string other = OtherData(
       o.job_id, o.world,
       ",\"rank\":" + std::to_string(o.rank) + ",\"final\":" + (final ? "true" : "false") +
-          ",\"dropped_events\":" + std::to_string(s.dropped));
+          ",\"dropped_events\":" + std::to_string(s.dropped) + ClockData());
   if (o.world <= 1) {
     *written = o.path;
     SMB_RETURN_IF_ERROR(MakeDirs(DirOf(o.path)));
     return WriteDocument(o.path, other, [&s](Writer* w) { Lines(s, w); });
+  }
+  if (final && o.send_final_part) {  // rank 0 may not see this process's files
+    std::vector<char> part;
+    Writer w(&part);
+    Compose(&w, other, [&s](Writer* w) { Lines(s, w); });
+    *written = "rank 0's " + PartPath(o.path, o.job_id, o.rank);
+    return o.send_final_part(std::move(part));
   }
   SMB_RETURN_IF_ERROR(MakeDirs(PartsDir(o.path)));
   *written = PartPath(o.path, o.job_id, o.rank);
@@ -411,7 +500,8 @@ Status Start(const Options& options) {
 }
 
 bool StartFromEnvironment(const std::string& job_id, int rank, int world,
-                          std::function<bool(int)> rank_gone) {
+                          std::function<bool(int)> rank_gone,
+                          std::function<Status(std::vector<char>)> send_final_part) {
   const char* path = std::getenv("TF_SMB_TIMELINE");
   if (path == nullptr || *path == '\0') return false;
   Options o;
@@ -422,6 +512,7 @@ bool StartFromEnvironment(const std::string& job_id, int rank, int world,
   o.max_events = EnvNumber<size_t>("TF_SMB_TIMELINE_MAX_EVENTS", o.max_events);
   o.merge_wait_s = EnvNumber<double>("TF_SMB_TIMELINE_WAIT_S", o.merge_wait_s);
   o.rank_gone = std::move(rank_gone);
+  o.send_final_part = std::move(send_final_part);
   Status s = Start(o);
   if (!s.ok()) {
     std::fprintf(stderr, "tf_smb timeline: not recording: %s\n", s.message().c_str());
@@ -478,6 +569,28 @@ Status Finish() {
   return Status::Ok();
 }
 
+Status StorePart(int rank, const std::vector<char>& part) {
+  Options o;
+  {
+    Recorder& r = R();
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (!r.started) {
+      return Status(Code::kNotFound,
+                    "rank " + std::to_string(rank) + " sent its timeline, but rank 0 records "
+                    "none: set TF_SMB_TIMELINE for every rank");
+    }
+    o = r.options;
+  }
+  if (rank <= 0 || rank >= o.world) {
+    return InvalidArgument("a timeline part from rank " + std::to_string(rank) +
+                           ", expected 1.." + std::to_string(o.world - 1));
+  }
+  SMB_RETURN_IF_ERROR(MakeDirs(PartsDir(o.path)));
+  return ReplaceFile(PartPath(o.path, o.job_id, rank), [&part](FILE* f) {
+    return std::fwrite(part.data(), 1, part.size(), f) == part.size();
+  });
+}
+
 Status MergeParts(const std::string& path, const std::string& job_id, int world,
                   double wait_s, const std::function<bool(int)>& rank_gone) {
   const auto deadline =
@@ -506,13 +619,17 @@ Status MergeParts(const std::string& path, const std::string& job_id, int world,
   }
   // Events and metadata, one per line: all lines of the parts but their
   // documents' first and last.
-  auto body = [&present](Writer* w) {
+  // Times on the clock of the first part (rank 0's): see ClockData.
+  const std::string reference = present.empty() ? "" : Tail(present[0], kTailBytes);
+  auto body = [&present, &reference](Writer* w) {
     for (const std::string& part : present) {
+      const int64_t shift_ns = ClockShiftNs(Tail(part, kTailBytes), reference);
       std::ifstream in(part);
       std::string& line = w->line;
       while (std::getline(in, line)) {
         if (line.empty() || line[0] != '{' || line.rfind("{\"traceEvents\"", 0) == 0) continue;
         if (line.back() == ',') line.pop_back();
+        ShiftTime(&line, shift_ns);
         w->EndLine();
       }
       line.clear();

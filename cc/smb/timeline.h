@@ -20,7 +20,9 @@
 // parts (until each has appeared, its rank is gone, or TF_SMB_TIMELINE_WAIT_S
 // seconds, default 60, have passed), merges them into `path` and removes
 // them. `python -m tf_smb.timeline merge PATH` merges parts left behind (e.g.
-// when rank 0 died first).
+// when rank 0 died first). Ranks whose files rank 0 may not see (on another
+// node, where no filesystem need be shared) hand their final part to rank 0
+// instead (Options::send_final_part, StorePart), through the job's link.
 //
 // Cost. Off: On() is one relaxed load of a flag and a branch, in Scope's
 // constructor and destructor; no clock reads, no allocation. On: two clock
@@ -38,6 +40,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "cc/smb/status.h"
 
@@ -69,6 +72,9 @@ struct Options {
   // Whether rank r's process is gone (then rank 0 stops waiting for its
   // part); null: never known, wait the full time.
   std::function<bool(int)> rank_gone;
+  // Set: this rank's final part goes to rank 0 through it (there StorePart
+  // writes it into the parts), not into this process's parts directory.
+  std::function<Status(std::vector<char> part)> send_final_part;
 };
 
 namespace internal {
@@ -89,7 +95,8 @@ Status Start(const Options& options);
 // $TF_SMB_TIMELINE_MAX_EVENTS and $TF_SMB_TIMELINE_WAIT_S); true when it
 // started (or was already on).
 bool StartFromEnvironment(const std::string& job_id, int rank, int world,
-                          std::function<bool(int)> rank_gone);
+                          std::function<bool(int)> rank_gone,
+                          std::function<Status(std::vector<char>)> send_final_part = nullptr);
 
 // One complete event of `rank` ([start_ns, end_ns)) on `track`; `category`
 // is the trace's "cat" (e.g. "phase"). An `arg_name` adds {"arg_name": arg}.
@@ -106,6 +113,10 @@ Status Flush(std::string* written);
 // The final write at exit (also run by Start's exit handler): stops
 // recording, writes, and on rank 0 merges the job's parts into the path.
 Status Finish();
+// On rank 0: writes the final part another rank of this job sent
+// (send_final_part) among this process's timeline's parts, for its merge.
+// NotFound when this process records no timeline.
+Status StorePart(int rank, const std::vector<char>& part);
 // Merges the parts of `job_id` (ranks 0..world-1) in `path`.parts into
 // `path`, waiting for missing ones as Options describes; removes the parts.
 Status MergeParts(const std::string& path, const std::string& job_id, int world,

@@ -200,13 +200,28 @@ void TestRecording(const std::string& dir) {
   Check(smb::timeline::Flush(&written).ok() && written.empty(), "flush after finish");
 }
 
-void WritePart(const std::string& path, int rank, bool final) {
+// `clock`: the part's boot_id and realtime_ahead_ns fields, if any.
+void WritePart(const std::string& path, int rank, bool final, const std::string& clock = "") {
   std::ofstream out(path + ".parts/job.rank" + std::to_string(rank) + ".json");
   out << "{\"traceEvents\":[\n"
       << "{\"name\":\"step\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":" << rank
       << ",\"tid\":0,\"ts\":1.000,\"dur\":2.000}\n"
       << "],\"displayTimeUnit\":\"ms\",\"otherData\":{\"tf_smb_job\":\"job\",\"world\":3,"
-      << "\"rank\":" << rank << ",\"final\":" << (final ? "true" : "false") << "}}\n";
+      << "\"rank\":" << rank << ",\"final\":" << (final ? "true" : "false") << clock << "}}\n";
+}
+
+// Parts of other hosts (another boot id) move by the difference of the hosts'
+// real-time leads; parts of rank 0's host stay.
+void TestMergeAcrossHosts(const std::string& dir) {
+  const std::string path = dir + "/hosts.json";
+  Check(system(("mkdir -p " + path + ".parts").c_str()) == 0, "mkdir");
+  WritePart(path, 0, true, ",\"boot_id\":\"a\",\"realtime_ahead_ns\":5000000");
+  WritePart(path, 1, true, ",\"boot_id\":\"a\",\"realtime_ahead_ns\":5000700");
+  WritePart(path, 2, true, ",\"boot_id\":\"b\",\"realtime_ahead_ns\":7500250");
+  smb::Status s = smb::timeline::MergeParts(path, "job", 3, 30, nullptr);
+  const std::string text = Read(path);
+  Check(s.ok() && Count(text, "\"ts\":1.000,") == 2 && Count(text, "\"ts\":2501.250,") == 1,
+        "another host's events moved by 2500.25 us: " + s.message() + "\n" + text);
 }
 
 void TestMerge(const std::string& dir) {
@@ -247,6 +262,7 @@ int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : mkdtemp(tmpl);
   TestRecording(dir);
   TestMerge(dir);
+  TestMergeAcrossHosts(dir);
   if (failures == 0) std::printf("all checks passed\n");
   return failures == 0 ? 0 : 1;
 }

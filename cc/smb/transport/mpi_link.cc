@@ -49,6 +49,7 @@ constexpr int kTagClock = 16;           // a rank -> the other nodes' ranks: [st
 constexpr int kTagLeaving = 17;         // a rank at exit -> everyone: []
 constexpr int kTagHeartbeat = 18;       // every rank -> the other nodes' ranks: []
 constexpr int kTagDeclaredLost = 19;    // a survivor -> a rank it had found lost: []
+constexpr int kTagToRankZero = 20;      // a rank -> rank 0: bytes (SendToRankZero)
 
 // Every rank tells the ranks of other nodes it is alive this often; one not
 // heard from for kLostAfterS is lost (its node died or was cut off). Only
@@ -152,6 +153,11 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   Status CallSegmentServer(int home, const SegmentRequest& request, const void* payload,
                            size_t payload_bytes, void* reply, size_t reply_bytes,
                            double timeout_s) override;
+  void SendToRankZero(std::vector<char> bytes) override { Post(0, kTagToRankZero, std::move(bytes)); }
+  void SetRankZeroReceiver(std::function<void(int, std::vector<char>)> receiver) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    rank_zero_receiver_ = std::move(receiver);
+  }
   void PublishClock(uint64_t steps, uint64_t phase) override;
   std::vector<RemoteClock> RemoteClocks() const override;
   Status Failure() const override {
@@ -227,6 +233,7 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   Status failure_to_send_;
   std::function<void(const Status&)> failed_cb_;
   std::function<void()> wake_cb_;
+  std::function<void(int, std::vector<char>)> rank_zero_receiver_;  // SetRankZeroReceiver
   std::function<Status()> local_failure_cb_;
   // Node 0's leader only (thread only): every node's offer and the keys
   // decided that an offer may still name.
@@ -679,6 +686,20 @@ bool MpiLink::Receive() {
   }
   if (status.MPI_TAG == kTagSegmentReply) {
     Answer(message);
+    return true;
+  }
+  if (status.MPI_TAG == kTagToRankZero) {
+    std::function<void(int, std::vector<char>)> receiver;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      receiver = rank_zero_receiver_;
+    }
+    if (receiver) {
+      receiver(status.MPI_SOURCE, std::move(message));
+    } else {
+      std::fprintf(stderr, "tf_smb: rank 0 dropped %d bytes from rank %d: nothing takes them\n",
+                   bytes, status.MPI_SOURCE);
+    }
     return true;
   }
   if (status.MPI_TAG == kTagLeaving) {
