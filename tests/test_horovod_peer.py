@@ -53,7 +53,6 @@ _F16_OVERFLOW = ("the product of 3 values up to 100 overflows float16 to inf in 
                  "reference too, and inf - inf = NaN fails the comparison")
 NOT_PASSING_AT_3 = {
     **NOT_PASSING,
-    "test_horovod_allreduce_cpu_prescale": _REASSOCIATED,
     "test_horovod_allreduce_cpu_postscale": _REASSOCIATED,
     "test_horovod_reducescatter_cpu_prescale": _REASSOCIATED,
     "test_horovod_grouped_reducescatter_cpu_prescale": _REASSOCIATED,

@@ -6,5 +6,5 @@ from test_horovod_peer import NOT_PASSING_AT_3, check_tensorflow_tests, needs_pe
 
 @needs_peer
 def test_horovods_tensorflow_tests_at_3_processes():
-    # 74 of 90: also a 2-process-only test, and 8 whose checks fail under Horovod too.
+    # 75 of 90: also a 2-process-only test, and 7 whose checks fail under Horovod too.
     check_tensorflow_tests(3, NOT_PASSING_AT_3)

@@ -137,7 +137,7 @@ def call_site(kind: str) -> str:
     return "/".join(reversed(names)) + f"/{kind}{index}"
 
 
-def allreduce(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+def allreduce(tensors: Sequence[tf.Tensor], agreement: str = "") -> List[tf.Tensor]:
     """Sums each tensor over all workers, fused into one collective.
 
     Dtypes: float32, float64, float16, bfloat16, int8, uint8, int16, uint16,
@@ -148,11 +148,17 @@ def allreduce(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     point at memory every worker reads, which TensorFlow treats as read-only
     (ops write their results elsewhere). Do not write into them through
     other frameworks (e.g. DLPack).
+
+    `agreement` ("NAME\nfield=value;..."): what else the workers must agree
+    on; with it, workers that disagree all get FailedPreconditionError naming
+    the fields that differ, nothing is summed, and the job goes on (without
+    it a disagreement stops the job).
     """
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
-    return list(_library().smb_all_reduce(tensors, key=call_site("allreduce")))
+    return list(_library().smb_all_reduce(tensors, key=call_site("allreduce"),
+                                          agreement=agreement))
 
 
 def replica_sum(parts: Sequence[Sequence[tf.Tensor]]) -> List[tf.Tensor]:
@@ -204,31 +210,26 @@ def server_wait(max_pending: Any = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> t
                                       timeout_seconds=float(timeout_s))
 
 
-def broadcast(tensors: Sequence[tf.Tensor], root: int = 0) -> List[tf.Tensor]:
+def broadcast(tensors: Sequence[tf.Tensor], root: int = 0,
+              agreement: str = "") -> List[tf.Tensor]:
     """Every worker gets worker `root`'s tensors (bool is carried as int32).
 
     Differentiable as in Horovod: on `root` the gradient is the sum of the
-    upstream gradients over workers, elsewhere zero.
+    upstream gradients over workers, elsewhere zero. `agreement`: as allreduce's.
     """
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
     as_int = [t.dtype == tf.bool for t in tensors]
     sent = [tf.cast(t, tf.int32) if b else t for t, b in zip(tensors, as_int)]
-    got = _library().smb_broadcast(sent, root=root, key=call_site("broadcast"))
+    got = _library().smb_broadcast(sent, root=root, key=call_site("broadcast"),
+                                   agreement=agreement)
     return [tf.cast(g, tf.bool) if b else g for g, b in zip(got, as_int)]
 
 
-def barrier() -> None:
-    """Returns once every worker has reached it."""
-    _library().smb_barrier(key=call_site("barrier"))
-
-
-def check(ok: Any, message: Any) -> tf.Operation:
-    """An op failing with FailedPreconditionError(`message`) unless `ok`: a
-    graph's way to report a disagreement with the error class eager code raises."""
-    return _library().smb_check(tf.convert_to_tensor(ok, tf.bool),
-                                tf.convert_to_tensor(message, tf.string))
+def barrier(agreement: str = "") -> None:
+    """Returns once every worker has reached it. `agreement`: as allreduce's."""
+    _library().smb_barrier(key=call_site("barrier"), agreement=agreement)
 
 
 def _nonzero_grads(op, grads) -> List[tf.Tensor]:

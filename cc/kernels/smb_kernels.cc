@@ -45,6 +45,8 @@ absl::Status ToTfStatus(const smb::Status& s) {
     case smb::Code::kResourceExhausted:
       return absl::ResourceExhaustedError(s.message());
     case smb::Code::kInternal: return absl::InternalError(s.message());
+    case smb::Code::kFailedPrecondition:
+      return absl::FailedPreconditionError(s.message());
   }
   return absl::UnknownError(s.message());
 }
@@ -64,6 +66,8 @@ smb::Status FromTfStatus(const absl::Status& s) {
       return smb::Status(smb::Code::kNotFound, std::string(s.message()));
     case absl::StatusCode::kResourceExhausted:
       return smb::Status(smb::Code::kResourceExhausted, std::string(s.message()));
+    case absl::StatusCode::kFailedPrecondition:
+      return smb::Status(smb::Code::kFailedPrecondition, std::string(s.message()));
     default:
       return smb::Status(smb::Code::kInternal, std::string(s.message()));
   }
@@ -246,6 +250,13 @@ void SubmitCollective(OpKernelContext* c, AsyncOpKernel::DoneCallback done,
       done);
 }
 
+// A collective op's `agreement` attribute: when set, the ranks' disagreement
+// on this collective is recoverable (Group::SetNextAgreement). Runs on the
+// scheduler's thread, right before the collective.
+void AgreeNext(smb::Communicator* comm, const std::string& agreement) {
+  if (!agreement.empty()) comm->group().SetNextAgreement(agreement);
+}
+
 class SmbInitOp : public OpKernel {
  public:
   explicit SmbInitOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -347,11 +358,14 @@ class SmbAllReduceOp : public AsyncOpKernel {
  public:
   explicit SmbAllReduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("key", &site_));
+    OP_REQUIRES_OK(c, c->GetAttr("agreement", &agreement_));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     auto refs = std::make_shared<std::vector<smb::TensorRef>>();
     OP_REQUIRES_OK_ASYNC(c, DescribeInputs(c, refs.get()), done);
-    SubmitCollective(c, done, site_, "allreduce", [c, refs](smb::Communicator* comm) {
+    const std::string agreement = agreement_;
+    SubmitCollective(c, done, site_, "allreduce", [c, refs, agreement](smb::Communicator* comm) {
+      AgreeNext(comm, agreement);
       std::vector<void*> sums;
       std::shared_ptr<smb::ResultHold> hold;
       TfOpContext context(c);
@@ -377,6 +391,7 @@ class SmbAllReduceOp : public AsyncOpKernel {
 
  private:
   std::string site_;
+  std::string agreement_;
 };
 
 class SmbBroadcastOp : public AsyncOpKernel {
@@ -384,13 +399,16 @@ class SmbBroadcastOp : public AsyncOpKernel {
   explicit SmbBroadcastOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("root", &root_));
     OP_REQUIRES_OK(c, c->GetAttr("key", &site_));
+    OP_REQUIRES_OK(c, c->GetAttr("agreement", &agreement_));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     auto refs = std::make_shared<std::vector<smb::TensorRef>>();
     OP_REQUIRES_OK_ASYNC(c, DescribeInputs(c, refs.get()), done);
     OP_REQUIRES_OK_ASYNC(c, BindOutputs(c, refs.get()), done);
     const int root = root_;
-    SubmitCollective(c, done, site_, "broadcast", [refs, root](smb::Communicator* comm) {
+    const std::string agreement = agreement_;
+    SubmitCollective(c, done, site_, "broadcast", [refs, root, agreement](smb::Communicator* comm) {
+      AgreeNext(comm, agreement);
       return ToTfStatus(comm->Broadcast(root, *refs));
     });
   }
@@ -398,36 +416,26 @@ class SmbBroadcastOp : public AsyncOpKernel {
  private:
   int root_;
   std::string site_;
+  std::string agreement_;
 };
 
 class SmbBarrierOp : public AsyncOpKernel {
  public:
   explicit SmbBarrierOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("key", &site_));
+    OP_REQUIRES_OK(c, c->GetAttr("agreement", &agreement_));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
-    SubmitCollective(c, done, site_, "barrier", [](smb::Communicator* comm) {
+    const std::string agreement = agreement_;
+    SubmitCollective(c, done, site_, "barrier", [agreement](smb::Communicator* comm) {
+      AgreeNext(comm, agreement);
       return ToTfStatus(comm->Barrier());
     });
   }
 
  private:
   std::string site_;
-};
-
-class SmbCheckOp : public OpKernel {
- public:
-  explicit SmbCheckOp(OpKernelConstruction* c) : OpKernel(c) {}
-  void Compute(OpKernelContext* c) override {
-    const Tensor& ok = c->input(0);
-    const Tensor& message = c->input(1);
-    OP_REQUIRES(c, ok.dims() == 0 && message.dims() == 0,
-                absl::InvalidArgumentError("SmbCheck: expected scalar ok and message, got "
-                                           "shapes " + ok.shape().DebugString() + " and " +
-                                           message.shape().DebugString()));
-    OP_REQUIRES(c, ok.scalar<bool>()(),
-                absl::FailedPreconditionError(message.scalar<tstring>()()));
-  }
+  std::string agreement_;
 };
 
 // Local replicas (SingleCaffe's mode): their parts are summed in this process,
@@ -1026,7 +1034,6 @@ REGISTER_KERNEL_BUILDER(Name("SmbServerPushSegment").Device(DEVICE_CPU), SmbServ
 REGISTER_KERNEL_BUILDER(Name("SmbAllReduce").Device(DEVICE_CPU), SmbAllReduceOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBroadcast").Device(DEVICE_CPU), SmbBroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBarrier").Device(DEVICE_CPU), SmbBarrierOp);
-REGISTER_KERNEL_BUILDER(Name("SmbCheck").Device(DEVICE_CPU), SmbCheckOp);
 
 }  // namespace
 }  // namespace tensorflow

@@ -108,11 +108,14 @@ REGISTER_OP("SmbAllReduce")
     .Output("sums: T")
     .Attr("T: list({float, double, half, bfloat16, int8, uint8, int16, uint16, int32, int64}) >= 1")
     .Attr("key: string = ''")
+    .Attr("agreement: string = ''")
     .SetIsStateful()
     .SetShapeFn(SameShapesAsInputs)
     .Doc(R"doc(
 Sums every tensor over all ranks through the box, all tensors fused in one
 collective. Every rank must pass the same dtypes and shapes for the same key.
+A non-empty `agreement` ("NAME\nfield=value;...") makes a disagreement of the
+ranks recoverable (FailedPreconditionError on every rank; the job goes on).
 )doc");
 
 REGISTER_OP("SmbBroadcast")
@@ -121,26 +124,17 @@ REGISTER_OP("SmbBroadcast")
     .Attr("T: list({float, double, half, bfloat16, int8, uint8, int16, uint16, int32, int64}) >= 1")
     .Attr("root: int = 0")
     .Attr("key: string = ''")
+    .Attr("agreement: string = ''")
     .SetIsStateful()
     .SetShapeFn(SameShapesAsInputs)
-    .Doc("Every rank receives rank `root`'s tensors.");
+    .Doc("Every rank receives rank `root`'s tensors (`agreement`: as SmbAllReduce's).");
 
 REGISTER_OP("SmbBarrier")
     .Attr("key: string = ''")
+    .Attr("agreement: string = ''")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc("Returns once every rank has reached this barrier.");
-
-REGISTER_OP("SmbCheck")
-    .Input("ok: bool")
-    .Input("message: string")
-    .SetIsStateful()
-    .SetShapeFn(shape_inference::NoOutputs)
-    .Doc(R"doc(
-Fails with FailedPreconditionError(`message`) unless `ok` (a scalar): how a
-graph reports that the ranks disagree on a collective, with the error class an
-eager check raises.
-)doc");
 
 }  // namespace tensorflow
 

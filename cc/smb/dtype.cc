@@ -8,7 +8,8 @@ namespace smb {
 std::string Status::ToString() const {
   static const char* const kNames[] = {
       "OK",           "INVALID_ARGUMENT",  "DEADLINE_EXCEEDED", "ABORTED",
-      "ALREADY_EXISTS", "NOT_FOUND", "RESOURCE_EXHAUSTED", "INTERNAL"};
+      "ALREADY_EXISTS", "NOT_FOUND", "RESOURCE_EXHAUSTED", "INTERNAL",
+      "FAILED_PRECONDITION"};
   return std::string(kNames[static_cast<int>(code_)]) + ": " + message_;
 }
 

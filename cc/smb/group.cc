@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "cc/smb/hash.h"
 #include "cc/smb/process.h"
@@ -40,10 +41,69 @@ bool Abort(GroupControl* g, const Status& failure) {
   return true;
 }
 
+// A recoverable collective's description: its agreement (SetNextAgreement),
+// then what the algorithm describes.
+std::string WithAgreement(const std::string& agreement, const std::string& desc) {
+  return agreement.empty() ? desc : agreement + "\n" + desc;
+}
+
+// "field=value;..." of a description made by WithAgreement, in order.
+std::vector<std::pair<std::string, std::string>> AgreementFields(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  const size_t start = text.find('\n');
+  if (start == std::string::npos) return fields;
+  const size_t end = std::min(text.find('\n', start + 1), text.size());
+  size_t at = start + 1;
+  while (at < end) {
+    size_t stop = std::min(text.find(';', at), end);
+    const std::string item = text.substr(at, stop - at);
+    const size_t eq = item.find('=');
+    if (eq != std::string::npos) fields.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+    at = stop + 1;
+  }
+  return fields;
+}
+
+// The recoverable failure of a collective whose ranks described it
+// differently: `who[i]` named the description `texts[i]`; `agreement` is
+// this rank's. Names every field that differs with every rank's value, or,
+// when the fields agree, every rank's whole description.
+Status Disagreement(const std::string& agreement, const std::vector<std::string>& who,
+                    const std::vector<std::string>& texts) {
+  const std::string name = agreement.substr(0, agreement.find('\n'));
+  std::vector<std::vector<std::pair<std::string, std::string>>> fields;
+  for (const std::string& t : texts) fields.push_back(AgreementFields(t));
+  std::string problems;
+  for (size_t f = 0; f < fields[0].size(); ++f) {
+    const std::string& field = fields[0][f].first;
+    bool differ = false;
+    std::string values;
+    for (size_t r = 0; r < texts.size(); ++r) {
+      const auto& mine = fields[r];
+      const std::string value = f < mine.size() && mine[f].first == field ? mine[f].second : "?";
+      differ |= value != fields[0][f].second;
+      values += (r ? ", " : "") + who[r] + ": " + value;
+    }
+    if (differ) problems += (problems.empty() ? "" : "; ") + field + " (" + values + ")";
+  }
+  if (problems.empty()) {
+    for (size_t r = 0; r < texts.size(); ++r) {
+      std::string text = texts[r];
+      std::replace(text.begin(), text.end(), '\n', ' ');
+      problems += (r ? "; " : "") + who[r] + " called " + text;
+    }
+    problems = "collective: " + problems;
+  }
+  return Status(Code::kFailedPrecondition,
+                name + ": the ranks disagree on the " + problems +
+                    ". Nothing was sent; every rank raises this error and the job can go on "
+                    "with its next collective");
+}
+
 // One node's verdict on a collective, as exchanged between nodes.
 struct NodeVerdict {
   uint64_t hash;  // of the description; 0 when the node failed to agree
-  uint32_t failed;
+  uint32_t failed;  // 0, or 1 + the smb::Code of the node's failure
   uint32_t len;
   char text[kDescTextBytes - 16];  // the description, or why the node failed
   char payload[kAgreePayloadBytes];  // data riding on the agreement (see AgreeHere)
@@ -153,15 +213,18 @@ Status Group::Agree(const std::string& op, const std::string& desc) {
 
 Status Group::AgreeHere(const std::string& op, const std::string& desc, Status* verdict) {
   *verdict = Status::Ok();
+  agreement_ = std::move(next_agreement_);
+  next_agreement_.clear();
   if (world_ == 1) return Status::Ok();
   GroupControl* g = control();
   const int parity = static_cast<int>(collectives_++ & 1);
   char* slot = g->ranks[rank_].desc[parity];
-  const uint64_t hash = StableHash(desc);
-  const uint32_t len = static_cast<uint32_t>(std::min(desc.size(), kDescTextBytes - 1));
+  const std::string full = WithAgreement(agreement_, desc);
+  const uint64_t hash = StableHash(full);
+  const uint32_t len = static_cast<uint32_t>(std::min(full.size(), kDescTextBytes - 1));
   std::memcpy(slot, &hash, sizeof hash);
   std::memcpy(slot + 8, &len, sizeof len);
-  std::memcpy(slot + 12, desc.data(), len);
+  std::memcpy(slot + 12, full.data(), len);
   slot[12 + len] = '\0';
   SMB_RETURN_IF_ERROR(Sync(op));
   uint64_t root_hash;
@@ -172,6 +235,15 @@ Status Group::AgreeHere(const std::string& op, const std::string& desc, Status* 
     std::memcpy(&other_hash, other, sizeof other_hash);
     if (other_hash != root_hash) {
       // Every rank reaches the same verdict from the same slots: no hang.
+      if (!agreement_.empty()) {
+        std::vector<std::string> who, texts;
+        for (int q = 0; q < world_; ++q) {
+          who.push_back("rank " + std::to_string(JobRankOf(q)));
+          texts.emplace_back(g->ranks[q].desc[parity] + 12);
+        }
+        *verdict = Disagreement(agreement_, who, texts);
+        return Status::Ok();
+      }
       *verdict = InvalidArgument(
           "ranks disagree on a collective: rank " + std::to_string(JobRankOf(0)) + " called " +
           std::string(g->ranks[0].desc[parity] + 12) + "; rank " +
@@ -189,9 +261,10 @@ Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local, con
                     " bytes, at most " + std::to_string(kAgreePayloadBytes) + " fit");
   }
   NodeVerdict mine{};
-  const std::string& text = local.ok() ? desc : local.message();
-  mine.failed = local.ok() ? 0 : 1;
-  mine.hash = local.ok() ? StableHash(desc) : 0;
+  const std::string full = WithAgreement(agreement_, desc);
+  const std::string& text = local.ok() ? full : local.message();
+  mine.failed = local.ok() ? 0 : 1 + static_cast<uint32_t>(local.code());
+  mine.hash = local.ok() ? StableHash(full) : 0;
   mine.len = static_cast<uint32_t>(std::min(text.size(), sizeof mine.text - 1));
   std::memcpy(mine.text, text.data(), mine.len);
   if (payload_bytes > 0) std::memcpy(mine.payload, payload, payload_bytes);
@@ -201,10 +274,19 @@ Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local, con
   if (!exchanged.ok()) return exchanged;
   auto text_of = [](const NodeVerdict& v) { return std::string(v.text, v.len); };
   for (int n = 0; n < nodes; ++n) {
-    if (all[n].failed) return InvalidArgument(text_of(all[n]));
+    if (all[n].failed) return Status(static_cast<Code>(all[n].failed - 1), text_of(all[n]));
   }
   for (int n = 1; n < nodes; ++n) {
     if (all[n].hash != all[0].hash) {
+      if (!agreement_.empty()) {
+        std::vector<std::string> who, texts;
+        for (int q = 0; q < nodes; ++q) {
+          who.push_back("rank " + std::to_string(link_->JobRank(q, 0)) + " (node " +
+                        std::to_string(q) + ")");
+          texts.push_back(text_of(all[q]));
+        }
+        return Disagreement(agreement_, who, texts);
+      }
       return InvalidArgument("ranks disagree on a collective: rank " +
                              std::to_string(link_->JobRank(0, 0)) + " (node 0) called " +
                              text_of(all[0]) + "; rank " + std::to_string(link_->JobRank(n, 0)) +

@@ -75,6 +75,14 @@ class Group {
   Status AgreeAcrossNodes(const std::string& desc, const Status& local,
                           const void* payload = nullptr, size_t payload_bytes = 0,
                           std::vector<char>* payloads = nullptr);
+  // Makes the next collective's disagreement recoverable (Horovod's
+  // semantics): its agreement also compares `agreement`, "NAME\nfield=value;
+  // field=value;...", and when the ranks differ in it (or in anything else)
+  // every rank fails that collective alike with kFailedPrecondition, "NAME: the
+  // ranks disagree on the FIELD (rank 0: a, rank 1: b). ...", before any data
+  // moves, and the group goes on. Called on the collectives' thread, just
+  // before the collective; the collective's first agreement consumes it.
+  void SetNextAgreement(std::string agreement) { next_agreement_ = std::move(agreement); }
   // The parity of the next Agree: per-collective slots (result_choice) use it.
   int AgreeParity() const { return static_cast<int>(collectives_ & 1); }
   // Which staging buffer (0 or 1) the next chunk uses: double buffering.
@@ -123,6 +131,8 @@ class Group {
   uint64_t collectives_ = 0;  // Agree() calls, for descriptor parity
   uint64_t chunks_ = 0;       // chunks moved, for staging buffer parity
   uint64_t decided_ = 0;      // collectives whose turn NextCollective found
+  std::string next_agreement_;  // see SetNextAgreement
+  std::string agreement_;       // the current collective's, from AgreeHere to AgreeAcrossNodes
 };
 
 }  // namespace smb

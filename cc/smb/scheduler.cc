@@ -161,8 +161,10 @@ void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
         RecordCollective(group.job_rank(), item, previous_end_ns, picked_ns, end_ns);
         previous_end_ns = end_ns;
       }
-      if (!s.ok()) {
+      if (!s.ok() && s.code() != Code::kFailedPrecondition) {
         // The first failure names its call site; the job then stops with it.
+        // (kFailedPrecondition: the ranks disagreed on a recoverable
+        // collective, which ran nowhere; the job goes on.)
         const Status earlier = group.Failure();
         s = earlier.ok() ? group.Fail(Status(s.code(), s.message() + " (in " + item.what +
                                                            " '" + item.key + "')"))

@@ -16,7 +16,9 @@
 // tensor name the same way). A key names the call site and, with a count the
 // scheduler appends, which call of it this is.
 //
-// After any failed collective the job stops for good: every rank's waiting
+// After any failed collective the job stops for good (except a recoverable
+// disagreement, Group::SetNextAgreement, which fails that collective alike on
+// every rank and nothing else): every rank's waiting
 // and later collectives fail at once with the first error (Communicator::Fail)
 // rather than pairing what is left in another order. A key no other rank
 // submits within the timeout fails the job, naming the ranks without it.

@@ -17,6 +17,9 @@ enum class Code {
   kNotFound,
   kResourceExhausted,  // the box has no room left
   kInternal,           // a system call failed
+  // Ranks disagree on a collective that asked for recoverable agreement
+  // (Group::SetNextAgreement): it did not run on any rank, the job goes on.
+  kFailedPrecondition,
 };
 
 class Status {

@@ -142,6 +142,64 @@ void TestDisagreementStopsEveryRank(int world) {
   });
 }
 
+// A collective with an agreement (Horovod's semantics): the last rank calls it
+// with another shape, so every rank fails it alike with kFailedPrecondition
+// naming the field and each rank's value, through the scheduler, which does
+// not stop the job: the next all-reduce, broadcast and barrier work.
+void TestRecoverableDisagreement(int world) {
+  RunRanks(world, 1024, 30, [world](int rank, std::shared_ptr<smb::Communicator> comm) {
+    auto scheduler = smb::CollectiveScheduler::Start(comm);
+    auto run = [&](const std::string& key, const std::string& agreement,
+                   std::function<smb::Status(smb::Communicator*)> collective) {
+      std::promise<smb::Status> done;
+      auto result = done.get_future();
+      scheduler->Submit(key, key,
+                        [&](smb::Communicator* c) {
+                          c->group().SetNextAgreement(agreement);
+                          return collective(c);
+                        },
+                        [&](const smb::Status& s) { done.set_value(s); });
+      return result.get();
+    };
+    const bool odd = rank == world - 1;
+    std::vector<float> a(odd ? 4 : 3, 1.0f), out(a.size(), -1.0f);
+    smb::Status s = run("mixed", std::string("hvd.allreduce\nshape=[") + (odd ? "4" : "3") + "]",
+                        [&](smb::Communicator* c) {
+                          return c->AllReduceSum({{smb::DType::kFloat32,
+                                                   {static_cast<int64_t>(a.size())}, a.data(),
+                                                   out.data()}});
+                        });
+    const std::string expected = "hvd.allreduce: the ranks disagree on the shape (rank 0: [3], ";
+    Check(s.code() == smb::Code::kFailedPrecondition &&
+              s.message().find(expected) == 0 &&
+              s.message().find("rank " + std::to_string(world - 1) + ": [4])") !=
+                  std::string::npos,
+          Where("recoverable disagreement: " + s.ToString(), world, rank));
+    Check(out[0] == -1.0f, Where("nothing written on a disagreement", world, rank));
+    std::vector<float> b(5, static_cast<float>(rank + 1)), sum(5);
+    s = run("after", "hvd.allreduce\nshape=[5]", [&](smb::Communicator* c) {
+      return c->AllReduceSum({{smb::DType::kFloat32, {5}, b.data(), sum.data()}});
+    });
+    Check(s.ok() && sum[4] == static_cast<float>(world * (world + 1) / 2),
+          Where("all-reduce after a disagreement: " + s.ToString(), world, rank));
+    std::vector<int32_t> value(2, rank), got(2, -1);
+    s = run("root", "hvd.broadcast\nroot rank=" + std::to_string(odd ? 1 : 0),
+            [&](smb::Communicator* c) {
+              return c->Broadcast(0, {{smb::DType::kInt32, {2}, value.data(), got.data()}});
+            });
+    Check(s.code() == smb::Code::kFailedPrecondition &&
+              s.message().find("disagree on the root rank") != std::string::npos,
+          Where("broadcast disagreement: " + s.ToString(), world, rank));
+    s = run("barrier", "hvd.barrier\n", [](smb::Communicator* c) { return c->Barrier(); });
+    Check(s.ok(), Where("barrier after disagreements: " + s.ToString(), world, rank));
+    s = run("broadcast", "hvd.broadcast\nroot rank=0", [&](smb::Communicator* c) {
+      return c->Broadcast(0, {{smb::DType::kInt32, {2}, value.data(), got.data()}});
+    });
+    Check(s.ok() && got[0] == 0 && got[1] == 0,
+          Where("broadcast after disagreements: " + s.ToString(), world, rank));
+  });
+}
+
 // Every rank submits the same keyed collectives from 3 threads of its own, in
 // an order shuffled differently on each rank: the scheduler pairs them by key.
 void TestSchedulerAgreesOrder(int world) {
@@ -388,6 +446,7 @@ int main() {
     TestAllReduceAndBroadcast(world);
     TestSharedResults(world);
     TestDisagreementStopsEveryRank(world);
+    TestRecoverableDisagreement(world);
     TestSchedulerAgreesOrder(world);
   }
   TestGoneRankFailsTheOthers();

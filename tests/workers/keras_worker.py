@@ -175,10 +175,27 @@ def scenario_mismatch(strategy, a):
     return mismatched_allreduce(3 + tf_smb.rank())
 
 
+def _recoverable_allreduce(n):
+    """An all-reduce of float32[n] whose disagreement is recoverable (Horovod's
+    semantics, the `agreement` of tf_smb.ops.allreduce): its error or its sum."""
+    from tf_smb import ops  # pylint: disable=import-outside-toplevel
+    try:
+        return ops.allreduce([tf.ones([n])], agreement=f"hvd.allreduce\nshape=[{n}]")[0].numpy().tolist()
+    except tf.errors.FailedPreconditionError as e:
+        return e.message
+
+
 def scenario_mismatch_halves(strategy, a):
-    """The first half of the ranks (node 0 of two) calls float32[3], the other
-    half float32[4]: only ranks on different nodes disagree."""
-    return mismatched_allreduce(3 + 2 * tf_smb.rank() // tf_smb.size())
+    """Recoverable disagreements first: the halves of the ranks (node 0 and node
+    1 of two) call shapes [3] and [4]; then only the last rank calls [4]; then
+    all agree. Then the plain all-reduce: the first half calls float32[3], the
+    other half float32[4], which stops the job."""
+    half = 2 * tf_smb.rank() // tf_smb.size()
+    out = {"across_nodes": _recoverable_allreduce(3 + half),
+           "on_one_node": _recoverable_allreduce(3 + (tf_smb.rank() == tf_smb.size() - 1)),
+           "agreed": _recoverable_allreduce(3)}
+    out.update(mismatched_allreduce(3 + half))
+    return out
 
 
 def scenario_mismatch_dtype(strategy, a):

@@ -2,13 +2,13 @@
 Product, pre/postscale), allgather, broadcast, alltoall, reducescatter, their
 grouped forms, barrier and join, with Horovod's gradients.
 
-Recoverable disagreement: before any data moves, the ranks exchange a small
-fixed-size description of the collective (kind, reduce op, root, number of
-tensors, dtype and shape of the first tensor, a digest of the rest). When the
-ranks disagree, every rank raises FailedPreconditionError naming what differs
-and each rank's value, and the next collective works: the box's own
-collectives (which stop the job on a mismatch, tf_smb/ops.py) only run once
-the ranks agree.
+Recoverable disagreement: every collective of a Horovod op carries a
+description (kind, reduce op, root, number of tensors, dtypes and shapes:
+`agreement`) that the box compares in the agreement round it holds anyway.
+When the ranks disagree, every rank raises FailedPreconditionError naming
+what differs and each rank's value, before any data moves, and the next
+collective works (the box's collectives without a description stop the job
+on a mismatch, tf_smb/ops.py).
 
 How they move data: Sum and Average are the box's all-reduce (reduced in the
 box). Allgather, alltoall, Min, Max and Product are built on it too: each rank
@@ -31,15 +31,11 @@ from tf_smb.horovod import basics
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
              Product: "Product", -1: "none"}
-_KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "join",
-          "barrier")
-_MAX_DIMS = 6
-# One row per rank: what every rank must agree on.
-_FIELDS = ("collective", "reduce op", "root rank", "number of tensors", "option",
-           "dtype", "number of dimensions") + tuple(f"dim{i}" for i in range(_MAX_DIMS)) + (
-               "dtypes and shapes of the other tensors",)
 _SUMMABLE = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int8, tf.uint8, tf.int16,
              tf.uint16, tf.int32, tf.int64)
+# The other tensors of a grouped collective are named in full up to this long,
+# then by a digest (the box compares 2 KiB of description per rank).
+_MAX_REST_TEXT = 400
 
 
 def _this_rank() -> int:
@@ -52,158 +48,52 @@ def _world() -> int:
 
 # ---- Agreement --------------------------------------------------------------
 
-def _static_dims(t: tf.Tensor, first_free: bool) -> Optional[List[int]]:
+def _dims_text(t: tf.Tensor, first_free: bool) -> str:
     dims = t.shape.as_list()
-    if any(d is None for d in dims[1 if first_free else 0:]):
-        return None
-    return [-1 if (first_free and i == 0) else d for i, d in enumerate(dims)]
+    return "[" + ", ".join("*" if first_free and i == 0 else "?" if d is None else str(d)
+                           for i, d in enumerate(dims)) + "]"
 
 
-def _digest(parts: Sequence[Tuple[int, Sequence[int]]]) -> int:
-    return zlib.crc32(repr(list(parts)).encode()) & 0x7FFFFFFF
-
-
-def _describe(kind: str, tensors: Sequence[tf.Tensor], op: int, root: int, option: int,
-              first_free: bool) -> tf.Tensor:
-    """This rank's row: the fields of _FIELDS as int64."""
+def agreement(kind: str, tensors: Sequence[tf.Tensor], op: int = -1, root: int = -1,
+              first_free: bool = False) -> str:
+    """What every rank must agree on for this collective, as the box compares it
+    (tf_smb.ops.allreduce's `agreement`): the collective, reduce op, root rank,
+    number of tensors, and dtype and shape of each tensor (`first_free`: the
+    first dimension may differ per rank). Every collective of a Horovod op
+    carries it, so a disagreement fails on every rank with FailedPreconditionError
+    naming the fields that differ and each rank's value, before any data moves,
+    and the job goes on. It rides on the box's own agreement round: no extra
+    round trip, no extra graph node. Dimensions unknown when traced ("?") are
+    compared when the collective runs, through the shapes the box describes."""
     for t in tensors:
         if t.shape.rank is None:
             raise ValueError(f"hvd.{kind}: tensors need a known number of dimensions")
-    head = [_KINDS.index(kind), op, root, len(tensors), option]
-    if not tensors:
-        return tf.constant(head + [-1] * (len(_FIELDS) - len(head)), tf.int64)
-    first = tensors[0]
-    dims = _static_dims(first, first_free)
-    rest = [(t.dtype.as_datatype_enum, _static_dims(t, first_free)) for t in tensors[1:]]
-    if dims is not None and all(d is not None for _, d in rest):
-        padded = (dims + [-1] * _MAX_DIMS)[:_MAX_DIMS]
-        return tf.constant(head + [first.dtype.as_datatype_enum, len(dims)] + padded
-                           + [_digest(rest)], tf.int64)
-    # Shapes known only when the graph runs.
-    def dims_of(t: tf.Tensor) -> tf.Tensor:
-        shape = tf.shape(t, out_type=tf.int64)
-        if first_free and t.shape.rank > 0:
-            shape = tf.concat([[-1], shape[1:]], 0)
-        return shape
-    first_dims = dims_of(first)[:_MAX_DIMS]
-    padded = tf.pad(first_dims, [[0, _MAX_DIMS - tf.shape(first_dims)[0]]], constant_values=-1)
-    digest = tf.constant(0, tf.int64)
-    for i, t in enumerate(tensors[1:]):
-        d = dims_of(t)
-        weights = tf.constant([1000003 ** (j % 3) for j in range(t.shape.rank)], tf.int64)
-        term = tf.reduce_sum((d + 7) * weights) + t.dtype.as_datatype_enum * 131
-        digest = (digest * 31 + term * (i + 1)) % 2147483647
-    return tf.concat([tf.constant(head + [first.dtype.as_datatype_enum, first.shape.rank],
-                                  tf.int64), padded, [digest]], 0)
+    fields = [("collective", kind), ("reduce op", _OP_NAMES.get(op, str(op))),
+              ("root rank", str(root)), ("number of tensors", str(len(tensors)))]
+    if tensors:
+        fields += [("dtype", tensors[0].dtype.name),
+                   ("shape", _dims_text(tensors[0], first_free))]
+    if len(tensors) > 1:
+        rest = ",".join(t.dtype.name + _dims_text(t, first_free) for t in tensors[1:])
+        if len(rest) > _MAX_REST_TEXT:
+            rest = f"digest {zlib.crc32(rest.encode()):08x}"
+        fields.append(("dtypes and shapes of the other tensors", rest))
+    return f"hvd.{kind}\n" + ";".join(f"{name}={value}" for name, value in fields)
 
 
-def _gather_rows(row: tf.Tensor) -> tf.Tensor:
-    """Every rank's `row` (the same length on every rank), stacked in rank order."""
-    width = row.shape[0]
-    placed = tf.scatter_nd(tf.constant([[_this_rank()]], tf.int64), tf.reshape(row, [1, width]),
-                           tf.constant([_world(), width], tf.int64))
-    return smb_ops.allreduce([placed])[0]
-
-
-def _shape_text(row: np.ndarray) -> str:
-    ndims = int(row[_FIELDS.index("number of dimensions")])
-    dims = row[_FIELDS.index("dim0"):_FIELDS.index("dim0") + min(ndims, _MAX_DIMS)]
-    text = ", ".join("*" if d == -1 else str(int(d)) for d in dims)
-    return "[" + text + (", ...]" if ndims > _MAX_DIMS else "]")
-
-
-def _value_text(field: str, value: int, row: np.ndarray) -> str:
-    if field == "collective":
-        return _KINDS[value] if 0 <= value < len(_KINDS) else str(value)
-    if field == "reduce op":
-        return _OP_NAMES.get(value, str(value))
-    if field == "dtype":
-        return tf.as_dtype(value).name if value > 0 else "none"
-    if field == "shape":
-        return _shape_text(row)
-    return str(value)
-
-
-def disagreement(kind: str, rows: np.ndarray) -> str:
-    """What the ranks' rows differ in, or "" when they agree."""
-    problems = []
-    shape_cols = range(_FIELDS.index("number of dimensions"), _FIELDS.index("dim0") + _MAX_DIMS)
-    fields = [(f, [j]) for j, f in enumerate(_FIELDS) if j not in shape_cols]
-    fields.insert(_FIELDS.index("number of dimensions"), ("shape", list(shape_cols)))
-    for field, cols in fields:
-        values = rows[:, cols]
-        if (values != values[0]).any():
-            per_rank = ", ".join(
-                f"rank {r}: {_value_text(field, int(rows[r, cols[0]]), rows[r])}"
-                for r in range(rows.shape[0]))
-            problems.append(f"{field} ({per_rank})")
-    if not problems:
-        return ""
-    return (f"hvd.{kind}: the ranks disagree on the {'; '.join(problems)}. Nothing was "
-            "sent; every rank raises this error and the job can go on with its next "
-            "collective")
-
-
-def _check_rows(kind: str, rows: tf.Tensor) -> Optional[tf.Operation]:
-    if tf.executing_eagerly():
-        problem = disagreement(kind, rows.numpy())
-        if problem:
-            raise tf.errors.FailedPreconditionError(None, None, problem)
-        return None
-    message = tf.numpy_function(lambda r: disagreement(kind, r).encode(), [rows], tf.string,
-                                stateful=False)
-    message = tf.reshape(message, [])
-    return smb_ops.check(tf.equal(tf.strings.length(message), 0), message)
-
-
-# "call site|description" -> True once the ranks agreed on it, for collectives in
-# tf.functions: a table (not a variable per site: tf.function allows creating
-# variables on its first trace only), made once per process.
-_AGREED: List[Any] = []
-
-
-def _agreed_table() -> Any:
-    if not _AGREED:
-        with tf.init_scope():
-            _AGREED.append(tf.lookup.experimental.MutableHashTable(
-                tf.string, tf.bool, default_value=False, name="hvd_agreed"))
-    return _AGREED[0]
-
-
-def agree(kind: str, tensors: Sequence[tf.Tensor], op: int = -1, root: int = -1,
-          option: int = 0, first_free: bool = False) -> List[Any]:
-    """Checks that every rank calls the same collective; returns control
-    dependencies for what follows (none when eager: it raised already).
-
-    In a tf.function, a collective whose description is fixed when traced
-    (static shapes) is checked on its first run only: later runs of the same
-    traced function cannot describe it differently (Horovod's response cache
-    saves the same round trip). Limit: if a rank later runs the same call site
-    with another description while the others do not, they wait on different
-    collectives until the timeout (fail-stop), as after any divergence."""
-    row = _describe(kind, tensors, op, root, option, first_free)
-    graph = tf.compat.v1.get_default_graph()
-    with tf.init_scope():
-        outside_eager = tf.executing_eagerly()  # not a tf.function inside a TF1 graph
-    if (tf.executing_eagerly() or not getattr(graph, "_building_function", False)
-            or not outside_eager or tf.get_static_value(row) is None):
-        check = _check_rows(kind, _gather_rows(row))
-        return [] if check is None else [check]
-    key = tf.constant(smb_ops.call_site(f"agree_{kind}") + "|" + ",".join(
-        str(int(v)) for v in tf.get_static_value(row)))
-    table = _agreed_table()
-
-    def first_run() -> tf.Tensor:
-        with tf.control_dependencies([_check_rows(kind, _gather_rows(row))]):
-            with tf.control_dependencies([table.insert(key, tf.constant(True))]):
-                return tf.constant(True)
-
-    return [tf.cond(table.lookup(key), lambda: tf.constant(True), first_run)]
-
-
-def exchange(values: tf.Tensor) -> tf.Tensor:
-    """Every rank's int64 vector `values` (agreed length), as [size, len]."""
-    return _gather_rows(tf.cast(values, tf.int64))
+def exchange(values: tf.Tensor, agreed: str = "") -> tf.Tensor:
+    """Every rank's int64 vector `values` (agreed length), as [size, len]: each
+    rank places its row in a zero matrix and the box sums them."""
+    values = tf.cast(values, tf.int64)
+    width, me, world = values.shape[0], _this_rank(), _world()
+    static = tf.get_static_value(values)
+    if static is not None:  # one constant node, not a scatter
+        placed = np.zeros([world, width], np.int64)
+        placed[me] = static
+        return smb_ops.allreduce([tf.constant(placed)], agreement=agreed)[0]
+    placed = tf.scatter_nd(tf.constant([[me]], tf.int64), tf.reshape(values, [1, width]),
+                           tf.constant([world, width], tf.int64))
+    return smb_ops.allreduce([placed], agreement=agreed)[0]
 
 
 # ---- Dtype handling ---------------------------------------------------------
@@ -255,7 +145,8 @@ def _placed(t: tf.Tensor, offset: tf.Tensor, total: tf.Tensor) -> tf.Tensor:
     return tf.pad(t, paddings)
 
 
-def _gather_on_sum(tensors: Sequence[tf.Tensor], counts: tf.Tensor) -> List[tf.Tensor]:
+def _gather_on_sum(tensors: Sequence[tf.Tensor], counts: tf.Tensor,
+                   agreed: str = "") -> List[tf.Tensor]:
     """Concatenates each tensor over ranks along dimension 0; `counts[r, i]` is
     rank r's first dimension of tensor i. Each tensor goes as a matrix [rows,
     rest] padded with zero rows around its own; the paddings of all tensors are
@@ -279,7 +170,7 @@ def _gather_on_sum(tensors: Sequence[tf.Tensor], counts: tf.Tensor) -> List[tf.T
         placed.append(tf.pad(tf.reshape(t, matrix), pad))
         restores.append((out_shape, dtype))
     return [_restore(tf.reshape(s, shape), dtype)
-            for s, (shape, dtype) in zip(smb_ops.allreduce(placed), restores)]
+            for s, (shape, dtype) in zip(smb_ops.allreduce(placed, agreed), restores)]
 
 
 def _first_dims(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -305,12 +196,12 @@ def grouped_allgather(tensors: Sequence[Any]) -> List[tf.Tensor]:
     if not tensors:
         return []
     _check_gatherable("allgather", tensors)
-    with tf.control_dependencies(agree("allgather", tensors, first_free=True)):
-        counts = exchange(_first_dims(tensors))
+    agreed = agreement("allgather", tensors, first_free=True)
+    counts = exchange(_first_dims(tensors), agreed)
 
     @tf.custom_gradient
     def gathered(*xs):
-        out = _gather_on_sum(xs, counts)
+        out = _gather_on_sum(xs, counts, agreed)
 
         def grad(*dys):
             me = _this_rank()
@@ -326,7 +217,7 @@ def _average_sum(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     return [_scale(s, divisor=_world()) for s in smb_ops.allreduce(list(tensors))]
 
 
-def _reduce_by_gather(tensors: Sequence[tf.Tensor], op: int) -> List[tf.Tensor]:
+def _reduce_by_gather(tensors: Sequence[tf.Tensor], op: int, agreed: str) -> List[tf.Tensor]:
     """Min, Max or Product: every rank's tensor stacked, reduced here."""
     me, world = _this_rank(), _world()
     stacked = []
@@ -335,7 +226,7 @@ def _reduce_by_gather(tensors: Sequence[tf.Tensor], op: int) -> List[tf.Tensor]:
         placed = tf.scatter_nd(tf.constant([[me]], tf.int64), t[tf.newaxis], tf.concat(
             [[world], tf.shape(t, out_type=tf.int64)], 0))
         stacked.append((placed, dtype))
-    sums = smb_ops.allreduce([s for s, _ in stacked])
+    sums = smb_ops.allreduce([s for s, _ in stacked], agreed)
     reduce = {Min: tf.reduce_min, Max: tf.reduce_max, Product: tf.reduce_prod}[op]
     return [_restore(reduce(s, axis=0), d) for s, (_, d) in zip(sums, stacked)]
 
@@ -360,13 +251,12 @@ def grouped_allreduce_dense(tensors: Sequence[tf.Tensor], op: int, prescale: Any
         if t.dtype == tf.bool or t.dtype not in _SUMMABLE:
             raise TypeError(f"hvd.allreduce: dtype {t.dtype.name} is not supported; "
                             f"expected one of {', '.join(d.name for d in _SUMMABLE)}")
-    with tf.control_dependencies(agree("allreduce", tensors, op=op)):
-        tensors = [tf.identity(t) for t in tensors]
+    agreed = agreement("allreduce", tensors, op=op)
     if op in (Min, Max, Product):
         return [_scale(r, postscale) for r in
-                _reduce_by_gather([_scale(t, prescale) for t in tensors], op)]
+                _reduce_by_gather([_scale(t, prescale) for t in tensors], op, agreed)]
     divisor = _world() if op == Average else 1
-    sums = smb_ops.allreduce([_scale(t, prescale) for t in tensors])
+    sums = smb_ops.allreduce([_scale(t, prescale) for t in tensors], agreed)
     return [_scale(s, postscale, divisor) for s in sums]
 
 
@@ -384,8 +274,7 @@ def broadcast(tensor: Any, root_rank: int) -> tf.Tensor:
     tensor = tf.convert_to_tensor(tensor)
     root_rank = int(root_rank)
     _check_root("broadcast", root_rank)
-    with tf.control_dependencies(agree("broadcast", [tensor], root=root_rank)):
-        tensor = tf.identity(tensor)
+    agreed = agreement("broadcast", [tensor], root=root_rank)
 
     @tf.custom_gradient
     def broadcast_value(x):
@@ -394,22 +283,22 @@ def broadcast(tensor: Any, root_rank: int) -> tf.Tensor:
             # `* 0`, not zeros_like: Grappler folds zeros_like of a known shape into
             # a constant and would prune this rank's all-reduce.
             return averaged if _this_rank() == root_rank else averaged * 0
-        return smb_ops.broadcast([x], root=root_rank)[0], grad
+        return smb_ops.broadcast([x], root_rank, agreed)[0], grad
 
     if tensor.dtype.is_floating:
         return broadcast_value(tensor)
-    return smb_ops.broadcast([tensor], root=root_rank)[0]
+    return smb_ops.broadcast([tensor], root_rank, agreed)[0]
 
 
 # ---- Alltoall ---------------------------------------------------------------
 
-def _alltoall_on_sum(x: tf.Tensor, matrix: tf.Tensor) -> tf.Tensor:
+def _alltoall_on_sum(x: tf.Tensor, matrix: tf.Tensor, agreed: str = "") -> tf.Tensor:
     """What this rank receives: matrix[r, j] rows go from rank r to rank j."""
     me = _this_rank()
     sent = tf.reduce_sum(matrix, axis=1)
     start_of = tf.cumsum(sent, exclusive=True)
     x, dtype = _summable("alltoall", x)
-    total = smb_ops.allreduce([_placed(x, start_of[me], tf.reduce_sum(sent))])[0]
+    total = smb_ops.allreduce([_placed(x, start_of[me], tf.reduce_sum(sent))], agreed)[0]
     starts = start_of + tf.reduce_sum(matrix[:, :me], axis=1)
     rows = tf.ragged.range(starts, starts + matrix[:, me]).flat_values
     return _restore(tf.gather(total, rows), dtype)
@@ -440,17 +329,18 @@ def alltoall(tensor: Any, splits: Any = None) -> Tuple[tf.Tensor, tf.Tensor]:
         raise tf.errors.InvalidArgumentError(
             None, None, f"hvd.alltoall: expected non-negative splits summing to the first "
             f"dimension ({tensor.shape[0]}), got {static_splits.tolist()}")
-    with tf.control_dependencies(agree("alltoall", [tensor], first_free=True)):
-        matrix = exchange(splits)
+    agreed = agreement("alltoall", [tensor], first_free=True)
+    matrix = exchange(splits, agreed)
     received_splits = matrix[:, _this_rank()]
 
     @tf.custom_gradient
     def exchanged(x):
         def grad(dy):
             return _alltoall_on_sum(tf.convert_to_tensor(dy), tf.transpose(matrix))
-        return _alltoall_on_sum(x, matrix), grad
+        return _alltoall_on_sum(x, matrix, agreed), grad
 
-    out = exchanged(tensor) if tensor.dtype.is_floating else _alltoall_on_sum(tensor, matrix)
+    out = (exchanged(tensor) if tensor.dtype.is_floating
+           else _alltoall_on_sum(tensor, matrix, agreed))
     return out, tf.cast(received_splits, tf.int32)
 
 
@@ -483,15 +373,14 @@ def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, prescale: A
                 None, None, "hvd.reducescatter: expected tensors of at least one dimension "
                 "(scattered along the first), got a scalar")
     prescale, postscale = _factor(prescale), _factor(postscale)
-    with tf.control_dependencies(agree("reducescatter", tensors, op=op)):
-        tensors = [tf.identity(t) for t in tensors]
+    agreed = agreement("reducescatter", tensors, op=op)
     world = _world()
     grad_factor = (world if op == Sum else 1.0) * prescale * postscale
     divisor = world if op == Average else 1
 
     def forward(xs: Sequence[tf.Tensor]) -> List[tf.Tensor]:
         out = []
-        for s in smb_ops.allreduce([_scale(x, prescale) for x in xs]):
+        for s in smb_ops.allreduce([_scale(x, prescale) for x in xs], agreed):
             start, count = _my_rows(tf.shape(s, out_type=tf.int64)[0])
             out.append(_scale(s[start:start + count], postscale, divisor))
         return out
@@ -514,8 +403,7 @@ def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, prescale: A
 
 def barrier() -> None:
     """Returns once every rank has reached it."""
-    agree("barrier", [])
-    smb_ops.barrier()
+    smb_ops.barrier(agreement("barrier", []))
 
 
 def join() -> tf.Tensor:
@@ -533,6 +421,4 @@ def grouped_broadcast(tensors: Sequence[Any], root_rank: int) -> List[tf.Tensor]
     _check_root("broadcast", root_rank)
     if not tensors:
         return []
-    with tf.control_dependencies(agree("broadcast", tensors, root=root_rank)):
-        tensors = [tf.identity(t) for t in tensors]
-    return smb_ops.broadcast(tensors, root=root_rank)
+    return smb_ops.broadcast(tensors, root_rank, agreement("broadcast", tensors, root=root_rank))
