@@ -6,8 +6,8 @@
 #                                     # Keras pair (tools/keras_venv.sh: tf2.16, tf2.19, next)
 #   bash tools/test.sh --keras-next   # the canary: the same on the newest keras-nightly
 #   bash tools/test.sh ARGS...    # extra pytest arguments (e.g. -k NAME, tests/test_x.py)
-# The whole suite (no option) also runs the Keras-facing tests on every other tested
-# pair (beside the main run); TF_SMB_KERAS_PAIRS="" leaves them out.
+# The whole suite (no option) ends with the Keras-facing tests on every other tested
+# pair; TF_SMB_KERAS_PAIRS="" leaves them out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 select=()
@@ -35,38 +35,18 @@ workers=${TF_SMB_TEST_WORKERS:-2}
 parallel=()
 [ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 start=$(date +%s)
-# The whole suite (no option) also runs the Keras-facing tests on every other tested
-# pair, one pair after another on one worker each, beside the main run: they fill the
-# time the main run's workers spend waiting, and their output follows the main run's.
-whole=0
-[ -z "$pair" ] && [ ${#select[@]} -eq 0 ] && [ $# -eq 0 ] && whole=1
-pairs_dir=""
-if [ "$whole" = 1 ] && [ -n "${TF_SMB_KERAS_PAIRS-tf2.16 tf2.19 next}" ]; then
-  pairs_dir=$(mktemp -d)
-  trap 'rm -rf "$pairs_dir"' EXIT
-  (
-    for other in ${TF_SMB_KERAS_PAIRS-tf2.16 tf2.19 next}; do
-      TF_SMB_INSTALLED=1 TF_SMB_TEST_WORKERS=1 bash tools/test.sh --keras "$other" \
-        > "$pairs_dir/$other.log" 2>&1
-      echo $? > "$pairs_dir/$other.rc"
-    done
-  ) &
-  pairs_pid=$!
-fi
 # --durations: the slowest tests, to keep the suite's time in view.
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "${parallel[@]}" \
   "${select[@]}" tests "$@"
 rc=$?
 echo "tools/test.sh: the tests took $(( $(date +%s) - start )) s" >&2
-if [ -n "$pairs_dir" ]; then
-  wait "$pairs_pid"
+if [ -z "$pair" ] && [ ${#select[@]} -eq 0 ] && [ $# -eq 0 ]; then
   for other in ${TF_SMB_KERAS_PAIRS-tf2.16 tf2.19 next}; do
     echo "tools/test.sh: the Keras-facing tests on $other" >&2
-    cat "$pairs_dir/$other.log"
-    pair_rc=$(cat "$pairs_dir/$other.rc" 2>/dev/null || echo 1)
+    TF_SMB_INSTALLED=1 bash tools/test.sh --keras "$other"
+    pair_rc=$?
     [ "$rc" -eq 0 ] && rc=$pair_rc
   done
-  echo "tools/test.sh: the suite and the pairs took $(( $(date +%s) - start )) s" >&2
 fi
 # pytest exits 5 when it collected no tests: say so and fail loudly.
 if [ "$rc" -eq 5 ]; then
