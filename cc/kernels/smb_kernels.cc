@@ -232,14 +232,19 @@ std::string CollectiveKey(OpKernelContext* c, const std::string& site) {
 }
 
 // Submits a collective whose run sets the op's status; calls done() after.
+// A non-empty `agreement` (the op's attribute) makes the ranks' disagreement
+// on it recoverable (Group::SetNextAgreement), set on the scheduler's thread
+// right before the run.
 void SubmitCollective(OpKernelContext* c, AsyncOpKernel::DoneCallback done,
                       const std::string& site, const std::string& what,
+                      const std::string& agreement,
                       std::function<absl::Status(smb::Communicator*)> run) {
   OP_REQUIRES_OK_ASYNC(
       c,
       SmbContext::Get().Submit(
           CollectiveKey(c, site), what,
-          [c, run](smb::Communicator* comm) {
+          [c, run, agreement](smb::Communicator* comm) {
+            if (!agreement.empty()) comm->group().SetNextAgreement(agreement);
             absl::Status s = run(comm);
             return s.ok() ? smb::Status::Ok() : FromTfStatus(s);
           },
@@ -248,13 +253,6 @@ void SubmitCollective(OpKernelContext* c, AsyncOpKernel::DoneCallback done,
             done();
           }),
       done);
-}
-
-// A collective op's `agreement` attribute: when set, the ranks' disagreement
-// on this collective is recoverable (Group::SetNextAgreement). Runs on the
-// scheduler's thread, right before the collective.
-void AgreeNext(smb::Communicator* comm, const std::string& agreement) {
-  if (!agreement.empty()) comm->group().SetNextAgreement(agreement);
 }
 
 class SmbInitOp : public OpKernel {
@@ -363,9 +361,7 @@ class SmbAllReduceOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     auto refs = std::make_shared<std::vector<smb::TensorRef>>();
     OP_REQUIRES_OK_ASYNC(c, DescribeInputs(c, refs.get()), done);
-    const std::string agreement = agreement_;
-    SubmitCollective(c, done, site_, "allreduce", [c, refs, agreement](smb::Communicator* comm) {
-      AgreeNext(comm, agreement);
+    SubmitCollective(c, done, site_, "allreduce", agreement_, [c, refs](smb::Communicator* comm) {
       std::vector<void*> sums;
       std::shared_ptr<smb::ResultHold> hold;
       TfOpContext context(c);
@@ -406,11 +402,10 @@ class SmbBroadcastOp : public AsyncOpKernel {
     OP_REQUIRES_OK_ASYNC(c, DescribeInputs(c, refs.get()), done);
     OP_REQUIRES_OK_ASYNC(c, BindOutputs(c, refs.get()), done);
     const int root = root_;
-    const std::string agreement = agreement_;
-    SubmitCollective(c, done, site_, "broadcast", [refs, root, agreement](smb::Communicator* comm) {
-      AgreeNext(comm, agreement);
-      return ToTfStatus(comm->Broadcast(root, *refs));
-    });
+    SubmitCollective(c, done, site_, "broadcast", agreement_,
+                     [refs, root](smb::Communicator* comm) {
+                       return ToTfStatus(comm->Broadcast(root, *refs));
+                     });
   }
 
  private:
@@ -426,9 +421,7 @@ class SmbBarrierOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("agreement", &agreement_));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
-    const std::string agreement = agreement_;
-    SubmitCollective(c, done, site_, "barrier", [agreement](smb::Communicator* comm) {
-      AgreeNext(comm, agreement);
+    SubmitCollective(c, done, site_, "barrier", agreement_, [](smb::Communicator* comm) {
       return ToTfStatus(comm->Barrier());
     });
   }
