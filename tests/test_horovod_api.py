@@ -102,3 +102,39 @@ def test_partial_distributed_optimizer_keeps_local_gradients_local(small_scenari
         assert r["partial_shared"] == -1.5, r
         assert r["partial_local"] == -(r["rank"] + 1) / 2, r
 
+
+
+def test_process_sets_run_among_their_ranks_and_fail_clearly_outside():
+    """3 processes: set A = [0, 2] given to init, B = [1, 2] added (rank 2 in
+    both). Each set's collectives and gradients run among its ranks only (roots
+    and gathers by job rank); a rank outside a set gets InvalidArgumentError, a
+    set never added ValueError, a disagreeing add FailedPreconditionError on
+    every rank; a removed set is gone and the job's collectives still work."""
+    ranks = _ranks("process_sets", 3)
+    members = {"a": (0, 2), "b": (1, 2)}
+    for r in ranks:
+        rank = r["rank"]
+        assert r["ids"] == [1, 2] and r["sizes"] == [2, 2], r
+        assert r["included"] == [int(rank in members["a"]), int(rank in members["b"])], r
+        for name, (low, high) in members.items():
+            if rank not in (low, high):
+                assert f"rank {rank} is not in process set" in r[f"outside_{name}"], r
+                continue
+            values = [low + 1.0, high + 1.0]  # each rank sends rank + 1
+            assert r[f"sum_{name}"] == [sum(values)] * 2, r
+            assert r[f"grad_{name}"] == [2.0, 2.0], r  # the set's size, not the job's
+            assert r[f"average_{name}"] == [sum(values) / 2] * 2, r
+            assert r[f"gather_{name}"] == [low] * (low + 1) + [high] * (high + 1), r
+            assert r[f"broadcast_{name}"] == high * 10, r  # root: job rank `high`
+            assert r[f"objects_{name}"] == [{"r": low}, {"r": high}], r
+        if rank in members["a"]:
+            assert r["tape_a"] == [2.0], r  # gradients 1 and 3 averaged over A
+        assert "was not added" in r["fake"], r
+        assert ("hvd.add_process_set: the ranks disagree on the ranks (rank 0: [0, 1], "
+                "rank 1: [1], rank 2: [0, 1])") in r["disagree"], r
+        assert r["removed"] == [True, False], r
+        assert "was not added" in r["after_remove"], r
+        assert r["id_c"] == 3, r
+        if rank in (0, 1):
+            assert r["sum_c"] == [3.0, 3.0], r
+        assert r["sum_job"] == [6.0, 6.0], r

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import weakref
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -82,18 +82,23 @@ def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = Non
             staging_bytes=int(staging_bytes), heap_bytes=int(heap_bytes),
             across_nodes=job.spans_nodes)
 
-    with tf.init_scope():
-        if tf.executing_eagerly():
-            join()
-        else:
-            # TF1-style graph mode: an op added to the user's graph would only
-            # run in a session; join now, in a session of our own.
-            with tf.Graph().as_default() as graph:
-                op = join()
-            with tf.compat.v1.Session(graph=graph) as session:
-                session.run(op)
+    run_now(join)
     _JOB = job
     return job
+
+
+def run_now(make_op: Callable[[], Any]) -> Any:
+    """Runs the ops `make_op` makes at once and returns their values, also from
+    inside a tf.function or a TF1-style graph (where an op added to the user's
+    graph would only run in a session: they run in a session of our own)."""
+    with tf.init_scope():
+        if tf.executing_eagerly():
+            return tf.nest.map_structure(
+                lambda t: t.numpy() if hasattr(t, "numpy") else t, make_op())
+        with tf.Graph().as_default() as graph:
+            ops = make_op()
+        with tf.compat.v1.Session(graph=graph) as session:
+            return None if ops is None else session.run(ops)
 
 
 def job() -> env_lib.JobInfo:
@@ -137,7 +142,46 @@ def call_site(kind: str) -> str:
     return "/".join(reversed(names)) + f"/{kind}{index}"
 
 
-def allreduce(tensors: Sequence[tf.Tensor], agreement: str = "") -> List[tf.Tensor]:
+# The process sets this process opened: set id -> this process's index in it.
+_PROCESS_SETS: Dict[int, int] = {}
+
+
+def open_process_set(set_id: int, ranks: Sequence[int],
+                     timeout_s: Optional[float] = None) -> None:
+    """Opens process set `set_id` (> 0): the job's workers `ranks`, all on this
+    node, with a box of their own. Every worker in `ranks` calls it (the first
+    one makes the box, the others wait for it); the collectives given
+    `process_set=set_id` then run among those workers only, with ranks and
+    roots counted within the set (the index in `ranks`)."""
+    job_info = job()
+    ranks = [int(r) for r in ranks]
+    if set_id <= 0 or job_info.rank not in ranks:
+        raise ValueError(f"open_process_set: expected a positive set id and a set holding "
+                         f"this worker (rank {job_info.rank}); got id {set_id}, ranks {ranks}")
+    if timeout_s is None:
+        timeout_s = _float_env("TF_SMB_TIMEOUT", DEFAULT_TIMEOUT_S)
+    index = ranks.index(job_info.rank)
+    run_now(lambda: _library().smb_init(
+            job_id=f"{job_info.job_id[:80]}-ps{set_id}", rank=index, world=len(ranks),
+            timeout_seconds=float(timeout_s), create=index == 0,
+            staging_bytes=int(_float_env("TF_SMB_STAGING_BYTES", DEFAULT_STAGING_BYTES)),
+            heap_bytes=int(_float_env("TF_SMB_HEAP_BYTES", DEFAULT_HEAP_BYTES)),
+            across_nodes=False, process_set=int(set_id)))
+    _PROCESS_SETS[int(set_id)] = index
+
+
+def close_process_set(set_id: int) -> None:
+    """Leaves process set `set_id`; its collectives fail afterwards."""
+    run_now(lambda: _library().smb_close_process_set(process_set=int(set_id)))
+    _PROCESS_SETS.pop(int(set_id), None)
+
+
+def _rank_in(process_set: int) -> int:
+    return rank() if process_set == 0 else _PROCESS_SETS.get(process_set, -1)
+
+
+def allreduce(tensors: Sequence[tf.Tensor], agreement: str = "",
+              process_set: int = 0) -> List[tf.Tensor]:
     """Sums each tensor over all workers, fused into one collective.
 
     Dtypes: float32, float64, float16, bfloat16, int8, uint8, int16, uint16,
@@ -152,13 +196,14 @@ def allreduce(tensors: Sequence[tf.Tensor], agreement: str = "") -> List[tf.Tens
     `agreement` ("NAME\nfield=value;..."): what else the workers must agree
     on; with it, workers that disagree all get FailedPreconditionError naming
     the fields that differ, nothing is summed, and the job goes on (without
-    it a disagreement stops the job).
+    it a disagreement stops the job). `process_set`: 0 for every worker, or a
+    set opened with `open_process_set`.
     """
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
     return list(_library().smb_all_reduce(tensors, key=call_site("allreduce"),
-                                          agreement=agreement))
+                                          agreement=agreement, process_set=process_set))
 
 
 def replica_sum(parts: Sequence[Sequence[tf.Tensor]]) -> List[tf.Tensor]:
@@ -210,12 +255,13 @@ def server_wait(max_pending: Any = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> t
                                       timeout_seconds=float(timeout_s))
 
 
-def broadcast(tensors: Sequence[tf.Tensor], root: int = 0,
-              agreement: str = "") -> List[tf.Tensor]:
+def broadcast(tensors: Sequence[tf.Tensor], root: int = 0, agreement: str = "",
+              process_set: int = 0) -> List[tf.Tensor]:
     """Every worker gets worker `root`'s tensors (bool is carried as int32).
 
     Differentiable as in Horovod: on `root` the gradient is the sum of the
-    upstream gradients over workers, elsewhere zero. `agreement`: as allreduce's.
+    upstream gradients over workers, elsewhere zero. `agreement` and
+    `process_set` (`root` is then an index in the set): as allreduce's.
     """
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
@@ -223,13 +269,15 @@ def broadcast(tensors: Sequence[tf.Tensor], root: int = 0,
     as_int = [t.dtype == tf.bool for t in tensors]
     sent = [tf.cast(t, tf.int32) if b else t for t, b in zip(tensors, as_int)]
     got = _library().smb_broadcast(sent, root=root, key=call_site("broadcast"),
-                                   agreement=agreement)
+                                   agreement=agreement, process_set=process_set)
     return [tf.cast(g, tf.bool) if b else g for g, b in zip(got, as_int)]
 
 
-def barrier(agreement: str = "") -> None:
-    """Returns once every worker has reached it. `agreement`: as allreduce's."""
-    _library().smb_barrier(key=call_site("barrier"), agreement=agreement)
+def barrier(agreement: str = "", process_set: int = 0) -> Optional[tf.Operation]:
+    """Returns once every worker (of `process_set`) has reached it (in a graph:
+    the op that does). `agreement`, `process_set`: as allreduce's."""
+    return _library().smb_barrier(key=call_site("barrier"), agreement=agreement,
+                           process_set=process_set)
 
 
 def _nonzero_grads(op, grads) -> List[tf.Tensor]:
@@ -239,13 +287,14 @@ def _nonzero_grads(op, grads) -> List[tf.Tensor]:
 
 @tf.RegisterGradient("SmbAllReduce")
 def _allreduce_grad(op, *grads):
-    return allreduce(_nonzero_grads(op, grads))
+    return allreduce(_nonzero_grads(op, grads), process_set=op.get_attr("process_set"))
 
 
 @tf.RegisterGradient("SmbBroadcast")
 def _broadcast_grad(op, *grads):
-    summed = allreduce(_nonzero_grads(op, grads))
-    if rank() == op.get_attr("root"):
+    process_set = op.get_attr("process_set")
+    summed = allreduce(_nonzero_grads(op, grads), process_set=process_set)
+    if _rank_in(process_set) == op.get_attr("root"):
         return summed
     return [tf.zeros_like(g) for g in summed]
 

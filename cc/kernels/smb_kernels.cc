@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -98,7 +99,8 @@ class SmbContext {
     return context;
   }
 
-  absl::Status Init(const smb::Communicator::Options& options) {
+  absl::Status Init(const smb::Communicator::Options& options, int process_set = 0) {
+    if (process_set != 0) return OpenProcessSet(options, process_set);
     std::lock_guard<std::mutex> lock(mu_);
     if (comm_ != nullptr) {
       if (comm_->rank() == options.rank && comm_->world() == options.world &&
@@ -133,13 +135,60 @@ class SmbContext {
 
   // Runs the collective `run` once every rank submitted `key` and it is its
   // turn, then `done` (on the scheduler's thread).
-  absl::Status Submit(const std::string& key, const std::string& what,
+  // `process_set` 0: the job's; otherwise a set this process opened.
+  absl::Status Submit(int process_set, const std::string& key, const std::string& what,
                       smb::CollectiveScheduler::Run run,
                       smb::CollectiveScheduler::Done done) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (scheduler_ == nullptr) return NotJoined();
-    scheduler_->Submit(key, what, std::move(run), std::move(done));
+    smb::CollectiveScheduler* scheduler = scheduler_.get();
+    if (process_set != 0) {
+      auto it = process_sets_.find(process_set);
+      if (it == process_sets_.end()) return NotInProcessSet(process_set);
+      scheduler = it->second.scheduler.get();
+    }
+    if (scheduler == nullptr) return NotJoined();
+    scheduler->Submit(key, what, std::move(run), std::move(done));
     return absl::OkStatus();
+  }
+
+  // A process set: some of the job's processes on one node, with a box and a
+  // collective order of their own (Horovod's process sets). Opening waits
+  // for the set's first rank to make the box, as joining the job does.
+  absl::Status OpenProcessSet(const smb::Communicator::Options& options, int process_set) {
+    if (process_set < 0) {
+      return absl::InvalidArgumentError("process set ids are positive (0 is the whole job), "
+                                        "got " + std::to_string(process_set));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (process_sets_.count(process_set) != 0) {
+        return absl::AlreadyExistsError("process set " + std::to_string(process_set) +
+                                        " is already open in this process");
+      }
+    }
+    // Outside the lock: attaching waits for the set's first rank.
+    std::unique_ptr<smb::Communicator> opened;
+    TF_RETURN_IF_ERROR(ToTfStatus(smb::Communicator::Open(options, &opened)));
+    ProcessSet set;
+    set.comm = std::move(opened);
+    set.scheduler = smb::CollectiveScheduler::Start(set.comm);
+    std::lock_guard<std::mutex> lock(mu_);
+    process_sets_[process_set] = std::move(set);
+    return absl::OkStatus();
+  }
+
+  // Leaves a process set: its collectives fail from now on; the box goes
+  // when its last member leaves (collectives running keep it meanwhile).
+  absl::Status CloseProcessSet(int process_set) {
+    ProcessSet closing;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = process_sets_.find(process_set);
+      if (it == process_sets_.end()) return NotInProcessSet(process_set);
+      closing = std::move(it->second);
+      process_sets_.erase(it);
+    }
+    return absl::OkStatus();  // `closing` stops the set's scheduler here, unlocked
   }
 
   // The Communicator, shared: a thread that waits on it keeps it alive even
@@ -196,10 +245,22 @@ class SmbContext {
         "tf_smb.SMBStrategy() (or call tf_smb.init()) before running them");
   }
 
+  static absl::Status NotInProcessSet(int process_set) {
+    return absl::InvalidArgumentError(
+        "process set " + std::to_string(process_set) + " is not open in this process: "
+        "expected a set this rank belongs to (opened, and not removed)");
+  }
+
+  struct ProcessSet {
+    std::shared_ptr<smb::Communicator> comm;
+    std::unique_ptr<smb::CollectiveScheduler> scheduler;
+  };
+
   std::mutex mu_;
   std::shared_ptr<smb::Communicator> comm_;
   std::unique_ptr<smb::CollectiveScheduler> scheduler_;
   std::string job_id_;
+  std::map<int, ProcessSet> process_sets_;
 };
 
 // Runs `wait` (a blocking wait on the other ranks that is not a collective)
@@ -232,17 +293,17 @@ std::string CollectiveKey(OpKernelContext* c, const std::string& site) {
 }
 
 // Submits a collective whose run sets the op's status; calls done() after.
-// A non-empty `agreement` (the op's attribute) makes the ranks' disagreement
-// on it recoverable (Group::SetNextAgreement), set on the scheduler's thread
+// `process_set`: the op's attribute (0: the job). A non-empty `agreement`
+// (the op's attribute) makes the ranks' disagreement on it recoverable (Group::SetNextAgreement), set on the scheduler's thread
 // right before the run.
 void SubmitCollective(OpKernelContext* c, AsyncOpKernel::DoneCallback done,
                       const std::string& site, const std::string& what,
-                      const std::string& agreement,
+                      const std::string& agreement, int process_set,
                       std::function<absl::Status(smb::Communicator*)> run) {
   OP_REQUIRES_OK_ASYNC(
       c,
       SmbContext::Get().Submit(
-          CollectiveKey(c, site), what,
+          process_set, CollectiveKey(c, site), what,
           [c, run, agreement](smb::Communicator* comm) {
             if (!agreement.empty()) comm->group().SetNextAgreement(agreement);
             absl::Status s = run(comm);
@@ -266,6 +327,7 @@ class SmbInitOp : public OpKernel {
     options_.timeout_s = timeout;
     OP_REQUIRES_OK(c, c->GetAttr("create", &options_.create));
     OP_REQUIRES_OK(c, c->GetAttr("across_nodes", &options_.across_nodes));
+    OP_REQUIRES_OK(c, c->GetAttr("process_set", &process_set_));
     int64_t staging, heap;
     OP_REQUIRES_OK(c, c->GetAttr("staging_bytes", &staging));
     OP_REQUIRES_OK(c, c->GetAttr("heap_bytes", &heap));
@@ -278,11 +340,25 @@ class SmbInitOp : public OpKernel {
     options_.heap_bytes = static_cast<size_t>(heap);
   }
   void Compute(OpKernelContext* c) override {
-    OP_REQUIRES_OK(c, SmbContext::Get().Init(options_));
+    OP_REQUIRES_OK(c, SmbContext::Get().Init(options_, process_set_));
   }
 
  private:
   smb::Communicator::Options options_;
+  int process_set_ = 0;
+};
+
+class SmbCloseProcessSetOp : public OpKernel {
+ public:
+  explicit SmbCloseProcessSetOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("process_set", &process_set_));
+  }
+  void Compute(OpKernelContext* c) override {
+    OP_REQUIRES_OK(c, SmbContext::Get().CloseProcessSet(process_set_));
+  }
+
+ private:
+  int process_set_ = 0;
 };
 
 // Shared by the list ops: the TensorRefs the core reads (outputs unset).
@@ -357,11 +433,13 @@ class SmbAllReduceOp : public AsyncOpKernel {
   explicit SmbAllReduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("key", &site_));
     OP_REQUIRES_OK(c, c->GetAttr("agreement", &agreement_));
+    OP_REQUIRES_OK(c, c->GetAttr("process_set", &process_set_));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     auto refs = std::make_shared<std::vector<smb::TensorRef>>();
     OP_REQUIRES_OK_ASYNC(c, DescribeInputs(c, refs.get()), done);
-    SubmitCollective(c, done, site_, "allreduce", agreement_, [c, refs](smb::Communicator* comm) {
+    SubmitCollective(c, done, site_, "allreduce", agreement_, process_set_,
+                     [c, refs](smb::Communicator* comm) {
       std::vector<void*> sums;
       std::shared_ptr<smb::ResultHold> hold;
       TfOpContext context(c);
@@ -388,6 +466,7 @@ class SmbAllReduceOp : public AsyncOpKernel {
  private:
   std::string site_;
   std::string agreement_;
+  int process_set_ = 0;
 };
 
 class SmbBroadcastOp : public AsyncOpKernel {
@@ -396,13 +475,14 @@ class SmbBroadcastOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("root", &root_));
     OP_REQUIRES_OK(c, c->GetAttr("key", &site_));
     OP_REQUIRES_OK(c, c->GetAttr("agreement", &agreement_));
+    OP_REQUIRES_OK(c, c->GetAttr("process_set", &process_set_));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     auto refs = std::make_shared<std::vector<smb::TensorRef>>();
     OP_REQUIRES_OK_ASYNC(c, DescribeInputs(c, refs.get()), done);
     OP_REQUIRES_OK_ASYNC(c, BindOutputs(c, refs.get()), done);
     const int root = root_;
-    SubmitCollective(c, done, site_, "broadcast", agreement_,
+    SubmitCollective(c, done, site_, "broadcast", agreement_, process_set_,
                      [refs, root](smb::Communicator* comm) {
                        return ToTfStatus(comm->Broadcast(root, *refs));
                      });
@@ -412,6 +492,7 @@ class SmbBroadcastOp : public AsyncOpKernel {
   int root_;
   std::string site_;
   std::string agreement_;
+  int process_set_ = 0;
 };
 
 class SmbBarrierOp : public AsyncOpKernel {
@@ -419,9 +500,10 @@ class SmbBarrierOp : public AsyncOpKernel {
   explicit SmbBarrierOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("key", &site_));
     OP_REQUIRES_OK(c, c->GetAttr("agreement", &agreement_));
+    OP_REQUIRES_OK(c, c->GetAttr("process_set", &process_set_));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
-    SubmitCollective(c, done, site_, "barrier", agreement_, [](smb::Communicator* comm) {
+    SubmitCollective(c, done, site_, "barrier", agreement_, process_set_, [](smb::Communicator* comm) {
       return ToTfStatus(comm->Barrier());
     });
   }
@@ -429,6 +511,7 @@ class SmbBarrierOp : public AsyncOpKernel {
  private:
   std::string site_;
   std::string agreement_;
+  int process_set_ = 0;
 };
 
 // Local replicas (SingleCaffe's mode): their parts are summed in this process,
@@ -1027,6 +1110,7 @@ REGISTER_KERNEL_BUILDER(Name("SmbServerPushSegment").Device(DEVICE_CPU), SmbServ
 REGISTER_KERNEL_BUILDER(Name("SmbAllReduce").Device(DEVICE_CPU), SmbAllReduceOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBroadcast").Device(DEVICE_CPU), SmbBroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBarrier").Device(DEVICE_CPU), SmbBarrierOp);
+REGISTER_KERNEL_BUILDER(Name("SmbCloseProcessSet").Device(DEVICE_CPU), SmbCloseProcessSetOp);
 
 }  // namespace
 }  // namespace tensorflow

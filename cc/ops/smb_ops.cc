@@ -90,6 +90,7 @@ REGISTER_OP("SmbInit")
     .Attr("staging_bytes: int")
     .Attr("heap_bytes: int")
     .Attr("across_nodes: bool")
+    .Attr("process_set: int = 0")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(
@@ -97,18 +98,30 @@ Joins this process to the job's box as `rank` of `world`. Run once, eagerly,
 before any other SMB op; `create` makes the box (rank 0 without a launcher).
 `across_nodes`: the job spans nodes; MPI finds the nodes, each node's local
 rank 0 creates its box, and the boxes are joined over MPI.
+`process_set` > 0 opens a process set instead: a group of some of the job's
+processes on one node, with a box of its own named by `job_id`, which the
+collectives with that `process_set` use.
 The Python wrapper passes every attribute (defaults: cc/smb/defaults.h).
 )doc");
 
+REGISTER_OP("SmbCloseProcessSet")
+    .Attr("process_set: int")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("Leaves a process set opened by SmbInit; its collectives fail afterwards.");
+
 // `key` names a collective's call site in a graph (empty for eager ops): the
 // ranks match collectives by it, so independent collectives may run in any
-// order on each rank (see cc/smb/scheduler.h).
+// order on each rank (see cc/smb/scheduler.h). `process_set` (all three
+// collectives): 0 for the whole job, or a process set SmbInit opened; the
+// collective then runs among that set's ranks only (root: a rank of the set).
 REGISTER_OP("SmbAllReduce")
     .Input("tensors: T")
     .Output("sums: T")
     .Attr("T: list({float, double, half, bfloat16, int8, uint8, int16, uint16, int32, int64}) >= 1")
     .Attr("key: string = ''")
     .Attr("agreement: string = ''")
+    .Attr("process_set: int = 0")
     .SetIsStateful()
     .SetShapeFn(SameShapesAsInputs)
     .Doc(R"doc(
@@ -125,6 +138,7 @@ REGISTER_OP("SmbBroadcast")
     .Attr("root: int = 0")
     .Attr("key: string = ''")
     .Attr("agreement: string = ''")
+    .Attr("process_set: int = 0")
     .SetIsStateful()
     .SetShapeFn(SameShapesAsInputs)
     .Doc("Every rank receives rank `root`'s tensors (`agreement`: as SmbAllReduce's).");
@@ -132,6 +146,7 @@ REGISTER_OP("SmbBroadcast")
 REGISTER_OP("SmbBarrier")
     .Attr("key: string = ''")
     .Attr("agreement: string = ''")
+    .Attr("process_set: int = 0")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc("Returns once every rank has reached this barrier.");

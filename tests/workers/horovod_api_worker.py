@@ -115,6 +115,84 @@ def scenario_partial():
             "partial_local": float(local.kernel.numpy()[0, 0])}
 
 
+def scenario_process_sets():
+    """At 3 processes: set A = [0, 2] given to init, set B = [1, 2] added later
+    (rank 2 in both). Each set's collectives run among its ranks only, roots
+    and gathers by job rank, gradients within the set, a tape averaging over
+    the set; a rank outside a set, a set never added and a disagreeing add all
+    fail clearly, and the job goes on."""
+    rank = hvd.rank()
+    out = {}
+    set_a = hvd_tf.ProcessSet([0, 2])
+    hvd_tf.init(process_sets=[set_a])
+    set_b = hvd_tf.add_process_set([1, 2])
+    out["ids"] = [set_a.process_set_id, set_b.process_set_id]
+    out["sizes"] = [int(hvd_tf.size_op(process_set_id=i)) for i in out["ids"]]
+    out["included"] = [int(hvd_tf.process_set_included_op(process_set_id=i))
+                       for i in out["ids"]]
+    out["set_ranks"] = [set_a.rank(), set_b.rank()]
+    mine = tf.constant([float(rank + 1)] * 2)
+
+    @tf.function
+    def summed_with_grad(x, process_set):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = hvd_tf.allreduce(x, op=hvd_tf.Sum, process_set=process_set)
+        return y, tape.gradient(y, x)
+
+    for name, pset in (("a", set_a), ("b", set_b)):
+        if not pset.included():
+            try:
+                hvd_tf.allreduce(mine, process_set=pset)
+                out[f"outside_{name}"] = "no error"
+            except tf.errors.InvalidArgumentError as e:
+                out[f"outside_{name}"] = e.message
+            continue
+        y, grad = summed_with_grad(mine, pset)
+        out[f"sum_{name}"] = y.numpy().tolist()
+        out[f"grad_{name}"] = grad.numpy().tolist()
+        out[f"average_{name}"] = hvd_tf.grouped_allreduce(
+            [mine, tf.constant([rank])], process_set=pset)[0].numpy().tolist()
+        out[f"gather_{name}"] = hvd_tf.allgather(
+            tf.fill([rank + 1], rank), process_set=pset).numpy().tolist()
+        root = pset.ranks[-1]
+        out[f"broadcast_{name}"] = int(hvd_tf.broadcast(
+            tf.constant(rank * 10), root_rank=root, process_set=pset))
+        out[f"objects_{name}"] = hvd_tf.allgather_object({"r": rank}, process_set=pset)
+        hvd_tf.barrier(process_set=pset)
+    # A tape over set A: gradients averaged over A's ranks only.
+    if set_a.included():
+        w = tf.Variable([0.0])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * float(rank + 1))
+        tape = hvd_tf.DistributedGradientTape(tape, process_set=set_a)
+        out["tape_a"] = tape.gradient(loss, [w])[0].numpy().tolist()
+    fake = hvd_tf.ProcessSet([0])
+    fake.process_set_id = 10
+    try:
+        hvd_tf.allreduce(mine, process_set=fake)
+        out["fake"] = "no error"
+    except ValueError as e:
+        out["fake"] = str(e)
+    try:
+        hvd_tf.add_process_set([1] if rank == 1 else [0, 1])
+        out["disagree"] = "no error"
+    except tf.errors.FailedPreconditionError as e:
+        out["disagree"] = e.message
+    out["removed"] = [hvd_tf.remove_process_set(set_b), hvd_tf.remove_process_set(set_b)]
+    try:
+        hvd_tf.allreduce(mine, process_set=set_b)
+        out["after_remove"] = "no error"
+    except ValueError as e:
+        out["after_remove"] = str(e)
+    set_c = hvd_tf.add_process_set([0, 1])  # a new id, never an old one
+    out["id_c"] = set_c.process_set_id
+    if set_c.included():
+        out["sum_c"] = hvd_tf.allreduce(mine, op=hvd_tf.Sum, process_set=set_c).numpy().tolist()
+    out["sum_job"] = hvd_tf.allreduce(mine, op=hvd_tf.Sum).numpy().tolist()
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenario")
@@ -126,7 +204,8 @@ def main():
             result.update(scenario_fit(int(scenario[3:] or 1)))
         else:
             result.update({"tape": scenario_tape, "disagree": scenario_disagree,
-                           "partial": scenario_partial}[scenario]())
+                           "partial": scenario_partial,
+                           "process_sets": scenario_process_sets}[scenario]())
     result.update(rank=hvd.rank(), size=hvd.size())
     report(result)
 

@@ -185,6 +185,23 @@ def _recoverable_allreduce(n):
         return e.message
 
 
+def _process_sets_per_node():
+    """tf_smb.horovod's process sets across 2 nodes x 2: one per node sums its
+    ranks' values; a set spanning the nodes is refused on every rank alike."""
+    import tf_smb.horovod as hvd  # pylint: disable=import-outside-toplevel
+    hvd.init()
+    sets = [hvd.add_process_set([0, 1]), hvd.add_process_set([2, 3])]
+    mine = next(s for s in sets if s.included())
+    out = {"node_set_sum": hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum,
+                                         process_set=mine).numpy().tolist()}
+    try:
+        hvd.add_process_set([0, 2])
+        out["spanning_set"] = "no error"
+    except NotImplementedError as e:
+        out["spanning_set"] = str(e)
+    return out
+
+
 def scenario_mismatch_halves(strategy, a):
     """Recoverable disagreements first: the halves of the ranks (node 0 and node
     1 of two) call shapes [3] and [4]; then only the last rank calls [4]; then
@@ -194,6 +211,7 @@ def scenario_mismatch_halves(strategy, a):
     out = {"across_nodes": _recoverable_allreduce(3 + half),
            "on_one_node": _recoverable_allreduce(3 + (tf_smb.rank() == tf_smb.size() - 1)),
            "agreed": _recoverable_allreduce(3)}
+    out.update(_process_sets_per_node())
     out.update(mismatched_allreduce(3 + half))
     return out
 

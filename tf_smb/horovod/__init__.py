@@ -8,11 +8,13 @@ A Horovod script moves by changing its import line:
 
 and runs under `python -m tf_smb.run -np N`, `mpirun` or `horovodrun`. Nothing
 of Horovod is needed. What differs from Horovod 0.28.1 is listed in the README
-("Horovod's API"): only the global process set, no Adasum, no `join`, no
-`hvd.elastic` (use Keras' BackupAndRestore).
+("Horovod's API"): process sets whose ranks share a node, no Adasum, no
+`join`, no `hvd.elastic` (use Keras' BackupAndRestore).
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import pickle
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -25,13 +27,26 @@ from tf_smb.horovod.basics import (  # noqa: F401  (the public API)
     local_rank, local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, process_set_included_op, rank, rank_op,
     remove_process_set, rocm_built, shutdown, size, size_op, start_timeline, stop_timeline)
-from tf_smb.horovod.basics import check_process_set as _check_process_set
 from tf_smb.horovod.collectives import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 from tf_smb.horovod.compression import Compression  # noqa: F401
 from tf_smb.horovod import util as util  # noqa: F401  (hvd.util._executing_eagerly)
 from tf_smb.horovod.util import _executing_eagerly  # noqa: F401
 
 ReduceOp = int
+
+
+def _in_process_set(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Runs `function` with its collectives in its `process_set` argument's set
+    (ValueError for a set not added; InvalidArgumentError on a rank not in it)."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def in_set(*args: Any, **kwargs: Any) -> Any:
+        process_set = signature.bind(*args, **kwargs).arguments.get(
+            "process_set", global_process_set)
+        with _coll.within(_coll.scope_of(process_set)):
+            return function(*args, **kwargs)
+    return in_set
 
 
 def _reduce_op(op: Optional[int], average: Optional[bool]) -> int:
@@ -53,6 +68,7 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
                              prescale_factor, postscale_factor, process_set)[0]
 
 
+@_in_process_set
 def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
                       device_dense: str = "", device_sparse: str = "",
                       compression: Any = Compression.none, op: Optional[int] = None,
@@ -62,7 +78,6 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     """Reduces every tensor over all ranks; the dense ones in one fused collective.
     tf.IndexedSlices are gathered (values and indices), as Horovod does."""
     del device_dense, device_sparse, ignore_name_scope, name
-    _check_process_set(process_set)
     op = _reduce_op(op, average)
     tensors = list(tensors)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
@@ -87,7 +102,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
         for k, i in enumerate(sparse):
             values, indices = gathered[2 * k], gathered[2 * k + 1]
             if op == Average:
-                values = values / tf.cast(size(), values.dtype)
+                values = values / tf.cast(_coll.world(), values.dtype)
             out[i] = tf.IndexedSlices(values, indices, dense_shape=tensors[i].dense_shape)
     if dense_index:
         compressed, contexts = [], []
@@ -102,34 +117,34 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     return out
 
 
+@_in_process_set
 def allgather(tensor: Any, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """`tensor` concatenated over all ranks along dimension 0 (sizes may differ)."""
-    _check_process_set(process_set)
     return _coll.grouped_allgather([tensor])[0]
 
 
+@_in_process_set
 def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
                       ignore_name_scope: bool = False,
                       process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
     """`allgather` of every tensor, in one collective."""
-    _check_process_set(process_set)
     return _coll.grouped_allgather(list(tensors))
 
 
+@_in_process_set
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
               ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Rank `root_rank`'s value of `tensor`, on every rank."""
-    _check_process_set(process_set)
     return _coll.broadcast(tensor, root_rank)
 
 
+@_in_process_set
 def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
     """Assigns rank `root_rank`'s values to `variables` on every rank, in place;
     returns the new values."""
-    _check_process_set(process_set)
     values = _coll.grouped_broadcast([v.read_value() if hasattr(v, "read_value") else v
                                       for v in variables], root_rank)
     assigns = [v.assign(x) for v, x in zip(variables, values)]
@@ -139,12 +154,12 @@ def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: Optional[
         return [tf.identity(x) for x in values]
 
 
+@_in_process_set
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int,
                         process_set: ProcessSet = global_process_set,
                         inplace: bool = False) -> Any:
     """Assigns rank `root_rank`'s values to `variables` on every rank, all in
     one collective; returns the assign op in a graph."""
-    _check_process_set(process_set)
     variables = list(variables)
     if not variables:
         return tf.no_op() if not tf.executing_eagerly() else None
@@ -179,18 +194,19 @@ def _to_numpy(t: Any, session: Any) -> Any:
         return temporary.run(t)
 
 
+@_in_process_set
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
                      name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Rank `root_rank`'s picklable `obj`, on every rank."""
     del name
-    _check_process_set(process_set)
     data = (_object_bytes(obj) if rank() == root_rank
             else tf.zeros([0], tf.uint8))
-    length = _to_numpy(broadcast(tf.shape(data, out_type=tf.int64), root_rank), session)
+    length = _to_numpy(broadcast(tf.shape(data, out_type=tf.int64), root_rank,
+                                process_set=process_set), session)
     if rank() != root_rank:
         data = tf.zeros(length, tf.uint8)
-    data = _to_numpy(broadcast(data, root_rank), session)
+    data = _to_numpy(broadcast(data, root_rank, process_set=process_set), session)
     return obj if rank() == root_rank else pickle.loads(bytes(data))
 
 
@@ -200,14 +216,15 @@ def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[
     return lambda obj: broadcast_object(obj, root_rank, session, name, process_set)
 
 
+@_in_process_set
 def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Every rank's picklable `obj`, as a list in rank order."""
     del name
-    _check_process_set(process_set)
     data = _object_bytes(obj)
-    lengths = _to_numpy(allgather(tf.shape(data, out_type=tf.int64)), session)
-    gathered = bytes(_to_numpy(allgather(data), session))
+    lengths = _to_numpy(allgather(tf.shape(data, out_type=tf.int64), process_set=process_set),
+                        session)
+    gathered = bytes(_to_numpy(allgather(data, process_set=process_set), session))
     out, start = [], 0
     for n in lengths:
         out.append(pickle.loads(gathered[start:start + int(n)]))
@@ -215,13 +232,13 @@ def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
     return out
 
 
+@_in_process_set
 def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
              ignore_name_scope: bool = False,
              process_set: ProcessSet = global_process_set) -> Any:
     """Sends splits[j] rows of `tensor` (along dimension 0) to rank j. Returns
     the rows received in rank order, and, when `splits` is given, how many came
     from each rank."""
-    _check_process_set(process_set)
     out, received = _coll.alltoall(tensor, splits)
     return (out, received) if splits is not None else out
 
@@ -238,6 +255,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compre
                                  postscale_factor=postscale_factor)[0]
 
 
+@_in_process_set
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           compression: Any = Compression.none, op: int = Average,
                           name: Optional[str] = None,
@@ -245,7 +263,6 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[tf.Tensor]:
     """`reducescatter` of every tensor, in one collective."""
-    _check_process_set(process_set)
     compressed, contexts = zip(*[compression.compress(tf.convert_to_tensor(t))
                                  for t in tensors]) if tensors else ((), ())
     reduced = _coll.grouped_reducescatter(list(compressed), op, prescale_factor,
@@ -258,9 +275,9 @@ def join() -> tf.Tensor:
     return _coll.join()
 
 
+@_in_process_set
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank has reached it."""
-    _check_process_set(process_set)
     _coll.barrier()
 
 

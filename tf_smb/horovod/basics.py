@@ -8,7 +8,7 @@ launcher's variables; tf_smb.run starts every worker on one node.
 from __future__ import annotations
 
 import os
-from typing import List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -32,7 +32,7 @@ _TUNING_VARS = frozenset({
     "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_DISABLE_GROUP_FUSION",
     "HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_CPU_OPERATIONS",
     "HOROVOD_CONTROLLER", "HOROVOD_GLOO_IFACE", "HOROVOD_GLOO_TIMEOUT_SECONDS",
-    "HOROVOD_GPU_OPERATIONS", "HOROVOD_MIXED_INSTALL",
+    "HOROVOD_GPU_OPERATIONS", "HOROVOD_MIXED_INSTALL", "HOROVOD_DYNAMIC_PROCESS_SETS",
 })
 # Set by Horovod's launcher itself (placement, rendezvous): read or ignored.
 _LAUNCHER_PREFIXES = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_", "HOROVOD_CROSS_",
@@ -44,7 +44,9 @@ class _State:
     job: Optional[env_lib.JobInfo] = None
     local_rank = 0
     local_size = 1
-    process_sets: List["ProcessSet"] = []
+    process_sets: Dict[int, "ProcessSet"] = {}  # the added sets by id (not the global one)
+    next_set_id = 1
+    nodes: Optional[List[int]] = None  # each rank's node, across nodes (asked once)
 
 
 def _int_env(env: Mapping[str, str], names: Sequence[str]) -> Optional[int]:
@@ -71,8 +73,11 @@ def check_horovod_variables(env: Mapping[str, str]) -> None:
 class ProcessSet:
     """A group of ranks a collective can be limited to (Horovod's ProcessSet).
 
-    tf_smb's box joins every worker of the job, so the only process set is the
-    global one: a set naming all ranks works, a proper subset is refused with
+    Give the sets to `init(process_sets=...)` or add them with `add_process_set`
+    on every rank; then the collectives given `process_set=` run among its ranks
+    only (only they call them), with roots named by their job rank. tf_smb
+    gives each set a box of its own, so a set's ranks must share a node; across
+    nodes, a set whose ranks are on several nodes is refused with
     NotImplementedError.
     """
 
@@ -85,32 +90,27 @@ class ProcessSet:
             None if ranks_or_comm is None else sorted(int(r) for r in ranks_or_comm))
         self.process_set_id: Optional[int] = None
 
-    def _check_global(self) -> None:
-        world = size()
-        if self.ranks is not None and self.ranks != list(range(world)):
-            raise NotImplementedError(
-                f"tf_smb.horovod supports only the global process set (ranks "
-                f"0..{world - 1}); got ranks {self.ranks}. Run the subgroup's work as a "
-                "separate job, or use the global set")
+    def _members(self) -> List[int]:
+        return list(range(size())) if self.ranks is None else self.ranks
 
     def size(self) -> int:
         """The number of ranks in the set."""
-        return size() if self.ranks is None else len(self.ranks)
+        return len(self._members())
 
     def rank(self) -> int:
-        """This process's index in the set (-1 when not included)."""
-        return rank() if self.ranks is None or rank() in self.ranks else -1
+        """This process's rank within the set (-1 when not included)."""
+        members = self._members()
+        return members.index(rank()) if rank() in members else -1
 
     def included(self) -> bool:
         """Whether this process belongs to the set."""
         return self.rank() >= 0
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ProcessSet) and (
-            (self.ranks or list(range(size()))) == (other.ranks or list(range(size()))))
+        return isinstance(other, ProcessSet) and self._members() == other._members()
 
-    def __hash__(self) -> int:
-        return hash(tuple(self.ranks or ()))
+    def __hash__(self) -> int:  # equal sets (the global one and all ranks) hash alike
+        return hash(tuple(self._members()) if is_initialized() else tuple(self.ranks or ()))
 
     def __repr__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
@@ -120,10 +120,26 @@ global_process_set = ProcessSet()
 global_process_set.process_set_id = 0
 
 
+def _is_global(process_set: ProcessSet) -> bool:
+    return process_set is global_process_set or process_set.process_set_id == 0
+
+
+def registered(process_set: ProcessSet) -> ProcessSet:
+    """`process_set` as added on this rank; ValueError for a set never added
+    (or removed, or with another set's id)."""
+    if _is_global(process_set):
+        return global_process_set
+    added = _State.process_sets.get(process_set.process_set_id)  # type: ignore[arg-type]
+    if added is None or added.ranks != process_set.ranks:
+        raise ValueError(
+            f"{process_set!r} was not added: pass it to hvd.init(process_sets=...) or "
+            "hvd.add_process_set() on every rank first")
+    return added
+
+
 def check_process_set(process_set: ProcessSet) -> None:
-    """Raises unless `process_set` is the global set (the only one tf_smb has)."""
-    if process_set is not global_process_set:
-        process_set._check_global()  # pylint: disable=protected-access
+    """Raises ValueError unless `process_set` is the global set or an added one."""
+    registered(process_set)
 
 
 def init(comm: Optional[Sequence[int]] = None,
@@ -132,7 +148,7 @@ def init(comm: Optional[Sequence[int]] = None,
 
     Args:
       comm: Horovod's MPI communicator or list of ranks: only None or all ranks.
-      process_sets: static process sets: each must hold every rank.
+      process_sets: process sets to add (see `add_process_set`), or "dynamic".
     """
     if comm is not None and list(comm) != list(range(env_lib.detect().size)):
         raise NotImplementedError(
@@ -150,14 +166,20 @@ def init(comm: Optional[Sequence[int]] = None,
             local_size, local_rank = job.size, job.rank
         _State.local_size = local_size if local_size is not None else job.size
         _State.local_rank = local_rank if local_rank is not None else job.rank
+    if isinstance(process_sets, str):  # Horovod's "dynamic": sets may be added later
+        return
     for process_set in process_sets or ():
         add_process_set(process_set)
 
 
 def shutdown() -> None:
-    """Horovod's shutdown: tf_smb keeps the box for the process's life (a later
-    `init` is a no-op), so this only forgets the added process sets."""
-    _State.process_sets = []
+    """Horovod's shutdown: tf_smb keeps the job's box for the process's life (a
+    later `init` is a no-op); this leaves the added process sets."""
+    for set_id, process_set in list(_State.process_sets.items()):
+        if process_set.included():
+            smb_ops.close_process_set(set_id)
+        process_set.process_set_id = None
+    _State.process_sets = {}
 
 
 def is_initialized() -> bool:
@@ -235,24 +257,72 @@ def is_homogeneous() -> bool:
     return size() % max(1, local_size()) == 0
 
 
-def add_process_set(process_set: Sequence[int] | ProcessSet) -> ProcessSet:
-    """Registers a process set; only one holding every rank is possible here."""
+def _nodes_of_ranks() -> Optional[List[int]]:
+    """Each rank's node when the job spans nodes (one exchange, then cached)."""
+    if not _job().spans_nodes:
+        return None
+    if _State.nodes is None:
+        from tf_smb.horovod import collectives  # pylint: disable=import-outside-toplevel
+        matrix = smb_ops.run_now(lambda: collectives.exchange(
+            tf.constant([cross_rank()], tf.int64), "hvd.add_process_set\ncollective=nodes"))
+        _State.nodes = [int(n) for n in matrix[:, 0]]
+    return _State.nodes
+
+
+def add_process_set(process_set: Union[Sequence[int], ProcessSet]) -> ProcessSet:
+    """Adds a process set; every rank of the job calls it with the same ranks,
+    and the set's ranks open its box. Returns the set, its id assigned.
+    The whole job's ranks give the global set (id 0)."""
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
-    process_set._check_global()  # pylint: disable=protected-access
-    process_set.process_set_id = 0
-    _State.process_sets.append(process_set)
+    world = size()
+    ranks = process_set.ranks
+    # Every rank must add the same set at the same point: a disagreement fails
+    # on every rank alike (and the job goes on); the checks below then give
+    # every rank the same verdict.
+    smb_ops.run_now(lambda: smb_ops.barrier(agreement=f"hvd.add_process_set\nranks={ranks}"))
+    if ranks is None or ranks == list(range(world)):
+        process_set.process_set_id = 0
+        return process_set
+    if not ranks or len(set(ranks)) != len(ranks) or ranks[0] < 0 or ranks[-1] >= world:
+        raise ValueError(f"hvd.add_process_set: expected distinct ranks in [0, {world}), "
+                         f"got {ranks}")
+    for existing in _State.process_sets.values():
+        if existing.ranks == ranks:
+            raise ValueError(f"hvd.add_process_set: a process set with ranks {ranks} "
+                             f"already exists (id {existing.process_set_id})")
+    nodes = _nodes_of_ranks()
+    if nodes is not None and len({nodes[r] for r in ranks}) > 1:
+        raise NotImplementedError(
+            f"tf_smb.horovod: process set {ranks} spans nodes "
+            f"{sorted({nodes[r] for r in ranks})}; a process set's ranks must share a node "
+            "(each set gets a box of its own on that node)")
+    set_id = _State.next_set_id
+    _State.next_set_id += 1
+    if rank() in ranks:
+        smb_ops.open_process_set(set_id, ranks)
+        # Every member has its box open before any of its collectives.
+        smb_ops.run_now(lambda: smb_ops.barrier(
+            agreement="hvd.add_process_set\ncollective=opened", process_set=set_id))
+    process_set.process_set_id = set_id
+    _State.process_sets[set_id] = process_set
     return process_set
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Forgets an added process set (the global one cannot be removed)."""
-    if process_set is global_process_set:
+    """Removes an added process set (every rank calls it); False for the global
+    set or one not added."""
+    if _is_global(process_set) or _State.process_sets.get(
+            process_set.process_set_id) is not process_set:  # type: ignore[arg-type]
         return False
-    if process_set in _State.process_sets:
-        _State.process_sets.remove(process_set)
-        return True
-    return False
+    set_id = process_set.process_set_id
+    smb_ops.run_now(lambda: smb_ops.barrier(
+        agreement=f"hvd.remove_process_set\nranks={process_set.ranks}"))
+    if process_set.included():
+        smb_ops.close_process_set(set_id)  # type: ignore[arg-type]
+    del _State.process_sets[set_id]  # type: ignore[arg-type]
+    process_set.process_set_id = None
+    return True
 
 
 # Capabilities, answered for what tf_smb is: CPU collectives through the box,
@@ -311,11 +381,18 @@ def _constant_op(value_fn, name: Optional[str]) -> tf.Tensor:
     return tf.constant(value_fn(), dtype=tf.int32, name=name)
 
 
+def _set_of_id(process_set_id: int) -> ProcessSet:
+    if process_set_id == 0:
+        return global_process_set
+    if process_set_id not in _State.process_sets:
+        raise ValueError(f"no process set has id {process_set_id}: add it with "
+                         "hvd.add_process_set() first")
+    return _State.process_sets[process_set_id]
+
+
 def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
-    """`size()` as an int32 tensor."""
-    if process_set_id != 0:
-        raise NotImplementedError("tf_smb.horovod has only the global process set (id 0)")
-    return _constant_op(size, name)
+    """The size of process set `process_set_id` (0: the job) as an int32 tensor."""
+    return _constant_op(_set_of_id(process_set_id).size, name)
 
 
 def local_size_op(name: Optional[str] = None) -> tf.Tensor:
@@ -334,7 +411,6 @@ def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
 
 
 def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
-    """1 when this process is in the process set (always, for the global set)."""
-    if process_set_id != 0:
-        raise NotImplementedError("tf_smb.horovod has only the global process set (id 0)")
-    return _constant_op(lambda: 1, name)
+    """1 when this process is in process set `process_set_id`, else 0."""
+    process_set = _set_of_id(process_set_id)
+    return _constant_op(lambda: int(process_set.included()), name)

@@ -18,8 +18,11 @@ dedicated gather; exact, since x + 0 == x).
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import threading
 import zlib
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -38,12 +41,77 @@ _SUMMABLE = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int8, tf.uint8,
 _MAX_REST_TEXT = 400
 
 
+@dataclasses.dataclass(frozen=True)
+class SetScope:
+    """The process set the collectives built now run in: its id (0: the job),
+    this rank's index in it, its size, and its job ranks in order."""
+    set_id: int
+    rank: int
+    size: int
+    members: Tuple[int, ...]
+
+
+_CURRENT = threading.local()
+
+
+def scope() -> SetScope:
+    """The process set of the collectives being built (the job outside `within`)."""
+    current = getattr(_CURRENT, "scope", None)
+    if current is not None:
+        return current
+    world = basics.size()
+    return SetScope(0, basics.rank(), world, tuple(range(world)))
+
+
+def scope_of(process_set: basics.ProcessSet) -> SetScope:
+    """`process_set` as a scope; ValueError when it was not added, and
+    InvalidArgumentError on a rank that is not in it (only members call its
+    collectives)."""
+    added = basics.registered(process_set)
+    if added is basics.global_process_set:
+        world = basics.size()
+        return SetScope(0, basics.rank(), world, tuple(range(world)))
+    members = tuple(added.ranks or ())
+    if basics.rank() not in members:
+        raise tf.errors.InvalidArgumentError(
+            None, None, f"rank {basics.rank()} is not in process set "
+            f"{added.process_set_id} (ranks {list(members)}): only its ranks run its "
+            "collectives")
+    return SetScope(int(added.process_set_id or 0), members.index(basics.rank()),
+                    len(members), members)
+
+
+@contextlib.contextmanager
+def within(set_scope: SetScope) -> Iterator[None]:
+    """Builds the collectives inside in `set_scope`'s process set (gradients
+    built later re-enter the scope their forward pass had)."""
+    previous = getattr(_CURRENT, "scope", None)
+    _CURRENT.scope = set_scope
+    try:
+        yield
+    finally:
+        _CURRENT.scope = previous
+
+
 def _this_rank() -> int:
-    return basics.rank()
+    return scope().rank
 
 
 def _world() -> int:
-    return basics.size()
+    return scope().size
+
+
+def world() -> int:
+    """The size of the process set being built in."""
+    return _world()
+
+
+def _allreduce(tensors: Sequence[tf.Tensor], agreed: str = "") -> List[tf.Tensor]:
+    return smb_ops.allreduce(tensors, agreed, process_set=scope().set_id)
+
+
+def _broadcast(tensors: Sequence[tf.Tensor], root: int, agreed: str) -> List[tf.Tensor]:
+    return smb_ops.broadcast(tensors, root, agreed, process_set=scope().set_id)
 
 
 # ---- Agreement --------------------------------------------------------------
@@ -90,10 +158,10 @@ def exchange(values: tf.Tensor, agreed: str = "") -> tf.Tensor:
     if static is not None:  # one constant node, not a scatter
         placed = np.zeros([world, width], np.int64)
         placed[me] = static
-        return smb_ops.allreduce([tf.constant(placed)], agreement=agreed)[0]
+        return _allreduce([tf.constant(placed)], agreed)[0]
     placed = tf.scatter_nd(tf.constant([[me]], tf.int64), tf.reshape(values, [1, width]),
                            tf.constant([world, width], tf.int64))
-    return smb_ops.allreduce([placed], agreement=agreed)[0]
+    return _allreduce([placed], agreed)[0]
 
 
 # ---- Dtype handling ---------------------------------------------------------
@@ -170,7 +238,7 @@ def _gather_on_sum(tensors: Sequence[tf.Tensor], counts: tf.Tensor,
         placed.append(tf.pad(tf.reshape(t, matrix), pad))
         restores.append((out_shape, dtype))
     return [_restore(tf.reshape(s, shape), dtype)
-            for s, (shape, dtype) in zip(smb_ops.allreduce(placed, agreed), restores)]
+            for s, (shape, dtype) in zip(_allreduce(placed, agreed), restores)]
 
 
 def _first_dims(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -199,22 +267,25 @@ def grouped_allgather(tensors: Sequence[Any]) -> List[tf.Tensor]:
     agreed = agreement("allgather", tensors, first_free=True)
     counts = exchange(_first_dims(tensors), agreed)
 
+    forward_scope = scope()
+
     @tf.custom_gradient
     def gathered(*xs):
         out = _gather_on_sum(xs, counts, agreed)
 
         def grad(*dys):
-            me = _this_rank()
-            averaged = _average_sum([tf.cast(dy, x.dtype) for dy, x in zip(dys, xs)])
-            return [a[tf.reduce_sum(counts[:me, i]):tf.reduce_sum(counts[:me + 1, i])]
-                    for i, a in enumerate(averaged)]
+            with within(forward_scope):
+                me = _this_rank()
+                averaged = _average_sum([tf.cast(dy, x.dtype) for dy, x in zip(dys, xs)])
+                return [a[tf.reduce_sum(counts[:me, i]):tf.reduce_sum(counts[:me + 1, i])]
+                        for i, a in enumerate(averaged)]
         return out, grad
     out = gathered(*tensors)
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def _average_sum(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-    return [_scale(s, divisor=_world()) for s in smb_ops.allreduce(list(tensors))]
+    return [_scale(s, divisor=_world()) for s in _allreduce(list(tensors))]
 
 
 def _reduce_by_gather(tensors: Sequence[tf.Tensor], op: int, agreed: str) -> List[tf.Tensor]:
@@ -226,7 +297,7 @@ def _reduce_by_gather(tensors: Sequence[tf.Tensor], op: int, agreed: str) -> Lis
         placed = tf.scatter_nd(tf.constant([[me]], tf.int64), t[tf.newaxis], tf.concat(
             [[world], tf.shape(t, out_type=tf.int64)], 0))
         stacked.append((placed, dtype))
-    sums = smb_ops.allreduce([s for s, _ in stacked], agreed)
+    sums = _allreduce([s for s, _ in stacked], agreed)
     reduce = {Min: tf.reduce_min, Max: tf.reduce_max, Product: tf.reduce_prod}[op]
     return [_restore(reduce(s, axis=0), d) for s, (_, d) in zip(sums, stacked)]
 
@@ -256,16 +327,21 @@ def grouped_allreduce_dense(tensors: Sequence[tf.Tensor], op: int, prescale: Any
         return [_scale(r, postscale) for r in
                 _reduce_by_gather([_scale(t, prescale) for t in tensors], op, agreed)]
     divisor = _world() if op == Average else 1
-    sums = smb_ops.allreduce([_scale(t, prescale) for t in tensors], agreed)
+    sums = _allreduce([_scale(t, prescale) for t in tensors], agreed)
     return [_scale(s, postscale, divisor) for s in sums]
 
 
 # ---- Broadcast --------------------------------------------------------------
 
-def _check_root(kind: str, root: int) -> None:
-    if not 0 <= root < _world():
+def _root_index(kind: str, root: int) -> int:
+    """The root's index in the process set (roots are named by job rank)."""
+    members = scope().members
+    if root not in members:
+        expected = (f"0 <= root_rank < {len(members)}" if scope().set_id == 0
+                    else f"root_rank in the process set's ranks {list(members)}")
         raise tf.errors.InvalidArgumentError(
-            None, None, f"hvd.{kind}: expected 0 <= root_rank < {_world()}, got {root}")
+            None, None, f"hvd.{kind}: expected {expected}, got {root}")
+    return members.index(root)
 
 
 def broadcast(tensor: Any, root_rank: int) -> tf.Tensor:
@@ -273,21 +349,23 @@ def broadcast(tensor: Any, root_rank: int) -> tf.Tensor:
     Horovod's: on the root the average over ranks, elsewhere zero."""
     tensor = tf.convert_to_tensor(tensor)
     root_rank = int(root_rank)
-    _check_root("broadcast", root_rank)
+    root = _root_index("broadcast", root_rank)
     agreed = agreement("broadcast", [tensor], root=root_rank)
+    forward_scope = scope()
 
     @tf.custom_gradient
     def broadcast_value(x):
         def grad(dy):
-            averaged = _average_sum([tf.cast(dy, x.dtype)])[0]
-            # `* 0`, not zeros_like: Grappler folds zeros_like of a known shape into
-            # a constant and would prune this rank's all-reduce.
-            return averaged if _this_rank() == root_rank else averaged * 0
-        return smb_ops.broadcast([x], root_rank, agreed)[0], grad
+            with within(forward_scope):
+                averaged = _average_sum([tf.cast(dy, x.dtype)])[0]
+                # `* 0`, not zeros_like: Grappler folds zeros_like of a known shape
+                # into a constant and would prune this rank's all-reduce.
+                return averaged if _this_rank() == root else averaged * 0
+        return _broadcast([x], root, agreed)[0], grad
 
     if tensor.dtype.is_floating:
         return broadcast_value(tensor)
-    return smb_ops.broadcast([tensor], root_rank, agreed)[0]
+    return _broadcast([tensor], root, agreed)[0]
 
 
 # ---- Alltoall ---------------------------------------------------------------
@@ -298,7 +376,7 @@ def _alltoall_on_sum(x: tf.Tensor, matrix: tf.Tensor, agreed: str = "") -> tf.Te
     sent = tf.reduce_sum(matrix, axis=1)
     start_of = tf.cumsum(sent, exclusive=True)
     x, dtype = _summable("alltoall", x)
-    total = smb_ops.allreduce([_placed(x, start_of[me], tf.reduce_sum(sent))], agreed)[0]
+    total = _allreduce([_placed(x, start_of[me], tf.reduce_sum(sent))], agreed)[0]
     starts = start_of + tf.reduce_sum(matrix[:, :me], axis=1)
     rows = tf.ragged.range(starts, starts + matrix[:, me]).flat_values
     return _restore(tf.gather(total, rows), dtype)
@@ -333,10 +411,13 @@ def alltoall(tensor: Any, splits: Any = None) -> Tuple[tf.Tensor, tf.Tensor]:
     matrix = exchange(splits, agreed)
     received_splits = matrix[:, _this_rank()]
 
+    forward_scope = scope()
+
     @tf.custom_gradient
     def exchanged(x):
         def grad(dy):
-            return _alltoall_on_sum(tf.convert_to_tensor(dy), tf.transpose(matrix))
+            with within(forward_scope):
+                return _alltoall_on_sum(tf.convert_to_tensor(dy), tf.transpose(matrix))
         return _alltoall_on_sum(x, matrix, agreed), grad
 
     out = (exchanged(tensor) if tensor.dtype.is_floating
@@ -380,17 +461,20 @@ def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, prescale: A
 
     def forward(xs: Sequence[tf.Tensor]) -> List[tf.Tensor]:
         out = []
-        for s in smb_ops.allreduce([_scale(x, prescale) for x in xs], agreed):
+        for s in _allreduce([_scale(x, prescale) for x in xs], agreed):
             start, count = _my_rows(tf.shape(s, out_type=tf.int64)[0])
             out.append(_scale(s[start:start + count], postscale, divisor))
         return out
 
+    forward_scope = scope()
+
     @tf.custom_gradient
     def scattered(*xs):
         def grad(*dys):
-            dys = [_scale(tf.cast(dy, x.dtype), grad_factor) for dy, x in zip(dys, xs)]
-            counts = exchange(_first_dims(dys))
-            return _gather_on_sum(dys, counts)
+            with within(forward_scope):
+                dys = [_scale(tf.cast(dy, x.dtype), grad_factor) for dy, x in zip(dys, xs)]
+                counts = exchange(_first_dims(dys))
+                return _gather_on_sum(dys, counts)
         return forward(xs), grad
 
     if all(t.dtype.is_floating for t in tensors):
@@ -403,7 +487,7 @@ def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, prescale: A
 
 def barrier() -> None:
     """Returns once every rank has reached it."""
-    smb_ops.barrier(agreement("barrier", []))
+    smb_ops.barrier(agreement("barrier", []), process_set=scope().set_id)
 
 
 def join() -> tf.Tensor:
@@ -418,7 +502,7 @@ def grouped_broadcast(tensors: Sequence[Any], root_rank: int) -> List[tf.Tensor]
     """Rank `root_rank`'s values of every tensor, in one collective (no gradient)."""
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     root_rank = int(root_rank)
-    _check_root("broadcast", root_rank)
+    root = _root_index("broadcast", root_rank)
     if not tensors:
         return []
-    return smb_ops.broadcast(tensors, root_rank, agreement("broadcast", tensors, root=root_rank))
+    return _broadcast(tensors, root, agreement("broadcast", tensors, root=root_rank))

@@ -25,6 +25,7 @@ class GradientReducer:
             raise NotImplementedError("tf_smb.horovod does not implement the Adasum "
                                       "reduction; use hvd.Average")
         basics.check_process_set(process_set)
+        self.process_set = process_set
         self.compression = compression or hvd.Compression.none
         self.sparse_as_dense = sparse_as_dense
         self.op = op
@@ -33,7 +34,7 @@ class GradientReducer:
     def reduce(self, grads: Sequence[Any]) -> List[Any]:
         """Every gradient reduced over ranks, in one collective (None stays None)."""
         grads = list(grads)
-        if basics.size() == 1:
+        if self.process_set.size() == 1:
             return grads
         present = [i for i, g in enumerate(grads) if g is not None]
         values = []
@@ -44,7 +45,8 @@ class GradientReducer:
             values.append(g)
         reduced = hvd.grouped_allreduce(
             values, compression=self.compression, op=self.op,
-            prescale_factor=1.0 / self.predivide, postscale_factor=self.predivide)
+            prescale_factor=1.0 / self.predivide, postscale_factor=self.predivide,
+            process_set=self.process_set)
         out = list(grads)
         for i, r in zip(present, reduced):
             out[i] = r
@@ -65,8 +67,8 @@ class _DistributedGradientTape(tf.GradientTape):
         for g, l in zip(flat_grads, local):
             if not l:
                 out.append(next(it))
-            elif g is not None and self._scale_local and basics.size() > 1:
-                out.append(_divided(g, basics.size()))
+            elif g is not None and self._scale_local and self._reducer.process_set.size() > 1:
+                out.append(_divided(g, self._reducer.process_set.size()))
             else:
                 out.append(g)
         return tf.nest.pack_sequence_as(grads, out)

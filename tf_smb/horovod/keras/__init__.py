@@ -44,7 +44,8 @@ class _DistributedOptimizer:
             return self._hvd_reducer.reduce(grads)
         local = [id(v) in self._hvd_local_ids for v in variables]
         shared = iter(self._hvd_reducer.reduce([g for g, l in zip(grads, local) if not l]))
-        return [next(shared) if not l else (None if g is None else _divided(g, size()))
+        every = self._hvd_reducer.process_set.size()
+        return [next(shared) if not l else (None if g is None else _divided(g, every))
                 for g, l in zip(grads, local)]
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:  # noqa: D102
