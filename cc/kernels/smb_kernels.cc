@@ -173,7 +173,10 @@ class SmbContext {
     set.comm = std::move(opened);
     set.scheduler = smb::CollectiveScheduler::Start(set.comm);
     std::lock_guard<std::mutex> lock(mu_);
-    process_sets_[process_set] = std::move(set);
+    if (!process_sets_.emplace(process_set, std::move(set)).second) {
+      return absl::AlreadyExistsError("process set " + std::to_string(process_set) +
+                                      " was opened twice at once in this process");
+    }
     return absl::OkStatus();
   }
 
