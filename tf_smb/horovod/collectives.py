@@ -10,6 +10,10 @@ what differs and each rank's value, before any data moves, and the next
 collective works (the box's collectives without a description stop the job
 on a mismatch, tf_smb/ops.py).
 
+Process sets: the collectives built inside `within(scope_of(process_set))` run
+among that set's ranks only (ranks and sizes are the set's; roots are job ranks,
+mapped to the set's); their ops carry the set's id (tf_smb.ops' `process_set`).
+
 How they move data: Sum and Average are the box's all-reduce (reduced in the
 box). Allgather, alltoall, Min, Max and Product are built on it too: each rank
 places its rows into a zero buffer at its own offset and the box sums the
@@ -54,13 +58,15 @@ class SetScope:
 _CURRENT = threading.local()
 
 
+def _job_scope() -> SetScope:
+    world = basics.size()
+    return SetScope(0, basics.rank(), world, tuple(range(world)))
+
+
 def scope() -> SetScope:
     """The process set of the collectives being built (the job outside `within`)."""
     current = getattr(_CURRENT, "scope", None)
-    if current is not None:
-        return current
-    world = basics.size()
-    return SetScope(0, basics.rank(), world, tuple(range(world)))
+    return current if current is not None else _job_scope()
 
 
 def scope_of(process_set: basics.ProcessSet) -> SetScope:
@@ -69,8 +75,7 @@ def scope_of(process_set: basics.ProcessSet) -> SetScope:
     collectives)."""
     added = basics.registered(process_set)
     if added is basics.global_process_set:
-        world = basics.size()
-        return SetScope(0, basics.rank(), world, tuple(range(world)))
+        return _job_scope()
     members = tuple(added.ranks or ())
     if basics.rank() not in members:
         raise tf.errors.InvalidArgumentError(
