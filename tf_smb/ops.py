@@ -48,6 +48,21 @@ def _float_env(name: str, default: float) -> float:
         raise ValueError(f"{name} must be a number, got {value!r}") from e
 
 
+def _box_settings(timeout_s: Optional[float], staging_bytes: Optional[int] = None,
+                  heap_bytes: Optional[int] = None) -> Dict[str, Any]:
+    """smb_init's timeout, staging and heap attributes: the given values, else the
+    environment's ($TF_SMB_TIMEOUT, $TF_SMB_STAGING_BYTES, $TF_SMB_HEAP_BYTES),
+    else the core's defaults."""
+    if timeout_s is None:
+        timeout_s = _float_env("TF_SMB_TIMEOUT", DEFAULT_TIMEOUT_S)
+    if staging_bytes is None:
+        staging_bytes = int(_float_env("TF_SMB_STAGING_BYTES", DEFAULT_STAGING_BYTES))
+    if heap_bytes is None:
+        heap_bytes = int(_float_env("TF_SMB_HEAP_BYTES", DEFAULT_HEAP_BYTES))
+    return dict(timeout_seconds=float(timeout_s), staging_bytes=int(staging_bytes),
+                heap_bytes=int(heap_bytes))
+
+
 def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = None,
          staging_bytes: Optional[int] = None,
          heap_bytes: Optional[int] = None) -> env_lib.JobInfo:
@@ -68,19 +83,12 @@ def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = Non
     """
     global _JOB
     job = job or env_lib.detect()
-    if timeout_s is None:
-        timeout_s = _float_env("TF_SMB_TIMEOUT", DEFAULT_TIMEOUT_S)
-    if staging_bytes is None:
-        staging_bytes = int(_float_env("TF_SMB_STAGING_BYTES", DEFAULT_STAGING_BYTES))
-    if heap_bytes is None:
-        heap_bytes = int(_float_env("TF_SMB_HEAP_BYTES", DEFAULT_HEAP_BYTES))
+    settings = _box_settings(timeout_s, staging_bytes, heap_bytes)
     def join():
         return _library().smb_init(
             job_id=job.job_id, rank=job.rank, world=job.size,
-            timeout_seconds=float(timeout_s),
             create=(job.rank == 0 and not job.box_created and job.size > 1),
-            staging_bytes=int(staging_bytes), heap_bytes=int(heap_bytes),
-            across_nodes=job.spans_nodes)
+            across_nodes=job.spans_nodes, **settings)
 
     run_now(join)
     _JOB = job
@@ -158,15 +166,11 @@ def open_process_set(set_id: int, ranks: Sequence[int],
     if set_id <= 0 or job_info.rank not in ranks:
         raise ValueError(f"open_process_set: expected a positive set id and a set holding "
                          f"this worker (rank {job_info.rank}); got id {set_id}, ranks {ranks}")
-    if timeout_s is None:
-        timeout_s = _float_env("TF_SMB_TIMEOUT", DEFAULT_TIMEOUT_S)
     index = ranks.index(job_info.rank)
+    settings = _box_settings(timeout_s)
     run_now(lambda: _library().smb_init(
             job_id=f"{job_info.job_id[:80]}-ps{set_id}", rank=index, world=len(ranks),
-            timeout_seconds=float(timeout_s), create=index == 0,
-            staging_bytes=int(_float_env("TF_SMB_STAGING_BYTES", DEFAULT_STAGING_BYTES)),
-            heap_bytes=int(_float_env("TF_SMB_HEAP_BYTES", DEFAULT_HEAP_BYTES)),
-            across_nodes=False, process_set=int(set_id)))
+            create=index == 0, across_nodes=False, process_set=int(set_id), **settings))
     _PROCESS_SETS[int(set_id)] = index
 
 

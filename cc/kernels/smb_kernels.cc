@@ -295,18 +295,33 @@ std::string CollectiveKey(OpKernelContext* c, const std::string& site) {
          ":" + std::to_string(where.iter_id);
 }
 
+// The attributes every collective op has, read once when its kernel is built.
+//   key:         its call site (see CollectiveKey);
+//   agreement:   non-empty makes the ranks' disagreement on it recoverable
+//                (Group::SetNextAgreement, set on the scheduler's thread right
+//                before the run);
+//   process_set: the scheduler it runs on (0: the job's).
+struct CollectiveAttrs {
+  std::string site;
+  std::string agreement;
+  int process_set = 0;
+
+  absl::Status Read(OpKernelConstruction* c) {
+    TF_RETURN_IF_ERROR(c->GetAttr("key", &site));
+    TF_RETURN_IF_ERROR(c->GetAttr("agreement", &agreement));
+    return c->GetAttr("process_set", &process_set);
+  }
+};
+
 // Submits a collective whose run sets the op's status; calls done() after.
-// `process_set`: the op's attribute (0: the job). A non-empty `agreement`
-// (the op's attribute) makes the ranks' disagreement on it recoverable (Group::SetNextAgreement), set on the scheduler's thread
-// right before the run.
 void SubmitCollective(OpKernelContext* c, AsyncOpKernel::DoneCallback done,
-                      const std::string& site, const std::string& what,
-                      const std::string& agreement, int process_set,
+                      const CollectiveAttrs& attrs, const std::string& what,
                       std::function<absl::Status(smb::Communicator*)> run) {
+  const std::string& agreement = attrs.agreement;
   OP_REQUIRES_OK_ASYNC(
       c,
       SmbContext::Get().Submit(
-          process_set, CollectiveKey(c, site), what,
+          attrs.process_set, CollectiveKey(c, attrs.site), what,
           [c, run, agreement](smb::Communicator* comm) {
             if (!agreement.empty()) comm->group().SetNextAgreement(agreement);
             absl::Status s = run(comm);
@@ -434,15 +449,12 @@ class BoxSumBuffer : public TensorBuffer {
 class SmbAllReduceOp : public AsyncOpKernel {
  public:
   explicit SmbAllReduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("key", &site_));
-    OP_REQUIRES_OK(c, c->GetAttr("agreement", &agreement_));
-    OP_REQUIRES_OK(c, c->GetAttr("process_set", &process_set_));
+    OP_REQUIRES_OK(c, attrs_.Read(c));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     auto refs = std::make_shared<std::vector<smb::TensorRef>>();
     OP_REQUIRES_OK_ASYNC(c, DescribeInputs(c, refs.get()), done);
-    SubmitCollective(c, done, site_, "allreduce", agreement_, process_set_,
-                     [c, refs](smb::Communicator* comm) {
+    SubmitCollective(c, done, attrs_, "allreduce", [c, refs](smb::Communicator* comm) {
       std::vector<void*> sums;
       std::shared_ptr<smb::ResultHold> hold;
       TfOpContext context(c);
@@ -467,54 +479,43 @@ class SmbAllReduceOp : public AsyncOpKernel {
   }
 
  private:
-  std::string site_;
-  std::string agreement_;
-  int process_set_ = 0;
+  CollectiveAttrs attrs_;
 };
 
 class SmbBroadcastOp : public AsyncOpKernel {
  public:
   explicit SmbBroadcastOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("root", &root_));
-    OP_REQUIRES_OK(c, c->GetAttr("key", &site_));
-    OP_REQUIRES_OK(c, c->GetAttr("agreement", &agreement_));
-    OP_REQUIRES_OK(c, c->GetAttr("process_set", &process_set_));
+    OP_REQUIRES_OK(c, attrs_.Read(c));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     auto refs = std::make_shared<std::vector<smb::TensorRef>>();
     OP_REQUIRES_OK_ASYNC(c, DescribeInputs(c, refs.get()), done);
     OP_REQUIRES_OK_ASYNC(c, BindOutputs(c, refs.get()), done);
     const int root = root_;
-    SubmitCollective(c, done, site_, "broadcast", agreement_, process_set_,
-                     [refs, root](smb::Communicator* comm) {
+    SubmitCollective(c, done, attrs_, "broadcast", [refs, root](smb::Communicator* comm) {
                        return ToTfStatus(comm->Broadcast(root, *refs));
                      });
   }
 
  private:
   int root_;
-  std::string site_;
-  std::string agreement_;
-  int process_set_ = 0;
+  CollectiveAttrs attrs_;
 };
 
 class SmbBarrierOp : public AsyncOpKernel {
  public:
   explicit SmbBarrierOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("key", &site_));
-    OP_REQUIRES_OK(c, c->GetAttr("agreement", &agreement_));
-    OP_REQUIRES_OK(c, c->GetAttr("process_set", &process_set_));
+    OP_REQUIRES_OK(c, attrs_.Read(c));
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
-    SubmitCollective(c, done, site_, "barrier", agreement_, process_set_, [](smb::Communicator* comm) {
+    SubmitCollective(c, done, attrs_, "barrier", [](smb::Communicator* comm) {
       return ToTfStatus(comm->Barrier());
     });
   }
 
  private:
-  std::string site_;
-  std::string agreement_;
-  int process_set_ = 0;
+  CollectiveAttrs attrs_;
 };
 
 // Local replicas (SingleCaffe's mode): their parts are summed in this process,
