@@ -104,13 +104,19 @@ def test_partial_distributed_optimizer_keeps_local_gradients_local(small_scenari
 
 
 
-def test_process_sets_run_among_their_ranks_and_fail_clearly_outside():
+@pytest.fixture(scope="module")
+def three_process_scenarios() -> list:
+    """The 3-process scenarios, in one run (join last: it ends by stopping the job)."""
+    return _ranks("process_sets,join", 3)
+
+
+def test_process_sets_run_among_their_ranks_and_fail_clearly_outside(three_process_scenarios):
     """3 processes: set A = [0, 2] given to init, B = [1, 2] added (rank 2 in
     both). Each set's collectives and gradients run among its ranks only (roots
     and gathers by job rank); a rank outside a set gets InvalidArgumentError, a
     set never added ValueError, a disagreeing add FailedPreconditionError on
     every rank; a removed set is gone and the job's collectives still work."""
-    ranks = _ranks("process_sets", 3)
+    ranks = three_process_scenarios
     members = {"a": (0, 2), "b": (1, 2)}
     for r in ranks:
         rank = r["rank"]
@@ -138,3 +144,24 @@ def test_process_sets_run_among_their_ranks_and_fail_clearly_outside():
         if rank in (0, 1):
             assert r["sum_c"] == [3.0, 3.0], r
         assert r["sum_job"] == [6.0, 6.0], r
+
+
+def test_join_lets_ranks_that_ran_out_of_data_add_nothing(three_process_scenarios):
+    """hvd.join at 3 processes: rank r runs r + 1 collectives eagerly and joins
+    (rank 0 first), then 3 - r steps of a tf.function (rank 2 first). Joined
+    ranks add zeros to sums (an Average still divides by 3, as Horovod's),
+    no rows to gathers, and pass barriers and receive broadcasts; every rank
+    learns the rank that joined last; afterwards the same function pairs up
+    again; a broadcast whose root joined stops the job naming it."""
+    eager = [[6.0] * 3,                        # 1 + 2 + 3
+             [1, 1, 2, 2, 2],                  # ranks 1 and 2 gather; rank 0 adds no rows
+             [None, [14], [1.0] * 3]]          # barrier, broadcast from 2, (0 + 0 + 3) / 3
+    graph = [[6.0] * 3, [3.0] * 3, [1.0] * 3]  # ranks 0-2, 0-1, then rank 0 alone
+    for r in three_process_scenarios:
+        rank = r["rank"]
+        assert r["eager"] == eager[:rank + 1], r
+        assert r["last_eager"] == 2 and r["last_graph"] == 0, r
+        assert r["graph"] == graph[:3 - rank], r
+        assert r["after"] == [[6.0] * 3] * 2, r
+        assert ("rank 0 has joined (hvd.join), so it has nothing to broadcast as the root of "
+                "broadcast from rank 0") in r["root_joined"], r

@@ -64,6 +64,7 @@ def test_ranks_on_different_nodes_disagreeing_get_the_same_error(nodes, tmp_path
         # spanning the nodes is refused on every rank, and the job goes on.
         assert r["node_set_sum"] == [3.0 if r["rank"] < 2 else 7.0], r
         assert "process set [0, 2] spans nodes [0, 1]" in r["spanning_set"], r
+        assert "joins ranks on one node only" in r["join_across_nodes"], r
         assert r["shape_error"] and verdict in r["shape_error"], f"rank {r['rank']}: {r['shape_error']}"
         # The job then stops: a later call fails at once with that error.
         assert r["later_error"] and "float32[3]" in r["later_error"], r

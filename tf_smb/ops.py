@@ -284,6 +284,14 @@ def barrier(agreement: str = "", process_set: int = 0) -> Optional[tf.Operation]
                            process_set=process_set)
 
 
+def join() -> tf.Tensor:
+    """Horovod's join, job-wide, on one node: this worker has no more data.
+    Until every worker has joined, it takes part in the others' all-reduces
+    (adding zeros), broadcasts and barriers; then every worker gets the rank
+    that joined last (an int32 scalar)."""
+    return _library().smb_join()
+
+
 def _nonzero_grads(op, grads) -> List[tf.Tensor]:
     return [tf.zeros_like(x) if g is None else tf.convert_to_tensor(g)
             for x, g in zip(op.inputs, grads)]

@@ -3,6 +3,7 @@
 // order all ranks agree on (matched by key, whatever order TensorFlow runs
 // independent ops in), and call done() when it finishes, so TensorFlow's
 // inter-op threads never block.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -148,6 +149,19 @@ class SmbContext {
     }
     if (scheduler == nullptr) return NotJoined();
     scheduler->Submit(key, what, std::move(run), std::move(done));
+    return absl::OkStatus();
+  }
+
+  // Horovod's join, on the job's scheduler (see CollectiveScheduler::SubmitJoin).
+  absl::Status SubmitJoin(smb::CollectiveScheduler::Run run,
+                          smb::CollectiveScheduler::Done done) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (scheduler_ == nullptr) return NotJoined();
+    if (comm_->across_nodes()) {
+      return absl::UnimplementedError(
+          "hvd.join: tf_smb joins ranks on one node only; this job spans nodes");
+    }
+    scheduler_->SubmitJoin(std::move(run), std::move(done));
     return absl::OkStatus();
   }
 
@@ -516,6 +530,29 @@ class SmbBarrierOp : public AsyncOpKernel {
 
  private:
   CollectiveAttrs attrs_;
+};
+
+class SmbJoinOp : public AsyncOpKernel {
+ public:
+  explicit SmbJoinOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    Tensor* last = nullptr;
+    OP_REQUIRES_OK_ASYNC(c, c->allocate_output(0, TensorShape({}), &last), done);
+    OP_REQUIRES_OK_ASYNC(
+        c,
+        SmbContext::Get().SubmitJoin(
+            [last](smb::Communicator* comm) {
+              int last_rank = -1;
+              SMB_RETURN_IF_ERROR(comm->FinishJoin(&last_rank));
+              last->scalar<int32_t>()() = last_rank;
+              return smb::Status::Ok();
+            },
+            [c, done](const smb::Status& s) {
+              c->SetStatus(ToTfStatus(s));
+              done();
+            }),
+        done);
+  }
 };
 
 // Local replicas (SingleCaffe's mode): their parts are summed in this process,
@@ -1114,6 +1151,7 @@ REGISTER_KERNEL_BUILDER(Name("SmbServerPushSegment").Device(DEVICE_CPU), SmbServ
 REGISTER_KERNEL_BUILDER(Name("SmbAllReduce").Device(DEVICE_CPU), SmbAllReduceOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBroadcast").Device(DEVICE_CPU), SmbBroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("SmbBarrier").Device(DEVICE_CPU), SmbBarrierOp);
+REGISTER_KERNEL_BUILDER(Name("SmbJoin").Device(DEVICE_CPU), SmbJoinOp);
 REGISTER_KERNEL_BUILDER(Name("SmbCloseProcessSet").Device(DEVICE_CPU), SmbCloseProcessSetOp);
 
 }  // namespace

@@ -151,6 +151,16 @@ REGISTER_OP("SmbBarrier")
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc("Returns once every rank has reached this barrier.");
 
+REGISTER_OP("SmbJoin")
+    .Output("last_rank: int32")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc(R"doc(
+Horovod's join: this rank has no more data. Until every rank of the job has
+joined, it takes part in the others' all-reduces (adding zeros), broadcasts and
+barriers; then returns the job rank that joined last. One node only.
+)doc");
+
 }  // namespace tensorflow
 
 // ---- Asynchronous mode: parameters living in the box ----------------------

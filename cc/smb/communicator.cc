@@ -1,5 +1,7 @@
 #include "cc/smb/communicator.h"
 
+#include <algorithm>
+
 #include "cc/smb/algorithms/broadcast.h"
 #include "cc/smb/transport/mpi_link.h"
 #include "cc/smb/transport/shm_peers.h"
@@ -121,6 +123,16 @@ Status Communicator::Broadcast(int root, const std::vector<TensorRef>& tensors) 
 Status Communicator::Barrier() {
   if (group_.alone()) return Status::Ok();
   return group_.Agree("barrier", "barrier");
+}
+
+Status Communicator::FinishJoin(int* last_rank) {
+  // Each rank's join order, summed into place: the largest joined last.
+  std::vector<int64_t> orders(world(), 0);
+  orders[rank()] = static_cast<int64_t>(group_.ClearJoined());
+  SMB_RETURN_IF_ERROR(AllReduceSum(
+      {{DType::kInt64, {static_cast<int64_t>(orders.size())}, orders.data(), orders.data()}}));
+  *last_rank = static_cast<int>(std::max_element(orders.begin(), orders.end()) - orders.begin());
+  return Status::Ok();
 }
 
 }  // namespace smb

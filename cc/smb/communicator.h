@@ -79,6 +79,10 @@ class Communicator {
   // out = root's in, for every tensor.
   Status Broadcast(int root, const std::vector<TensorRef>& tensors);
   Status Barrier();
+  // The collective that ends a join (CollectiveScheduler::SubmitJoin), once
+  // every rank has joined: no rank takes part for another any more, and
+  // *last_rank is the job rank that joined last.
+  Status FinishJoin(int* last_rank);
 
   Group& group() { return group_; }
   StepClock& clock() { return clock_; }

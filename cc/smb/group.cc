@@ -391,8 +391,21 @@ bool Group::NextCollective(const std::vector<uint64_t>& mine, uint64_t* key) {
     return true;
   }
   if (rank_ == 0) {
-    for (uint64_t k : mine) {
+    // Having joined, rank 0 waits only on its join: it chooses among the keys
+    // of the first rank still training (every rank joined: the join).
+    std::vector<uint64_t> theirs;
+    const std::vector<uint64_t>* candidates = &mine;
+    for (int r = 0; r < world_ && Joined(0); ++r) {
+      if (Joined(r)) continue;
+      theirs = PublishedBy(r);
+      candidates = &theirs;
+      break;
+    }
+    for (uint64_t k : *candidates) {
       if (!RanksWithout(k).empty()) continue;
+      // Another rank's list may still hold the key that just ran.
+      if (candidates == &theirs && std::count(recent_, recent_ + kRecent, k) != 0) continue;
+      recent_[decided_ % kRecent] = k;
       g->decision_key[slot].store(k, std::memory_order_relaxed);
       g->decision_seq[slot].store(decided_ + 1, std::memory_order_release);
       ++decided_;
@@ -413,7 +426,7 @@ std::string Group::RanksWithout(uint64_t key) const {
   if (!peers_) return missing;
   const GroupControl* g = control();
   for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
+    if (r == rank_ || Joined(r)) continue;
     const RankControl& slot = g->ranks[r];
     const uint32_t n =
         std::min<uint32_t>(slot.pending_count.load(std::memory_order_acquire), kMaxPending);
@@ -424,6 +437,71 @@ std::string Group::RanksWithout(uint64_t key) const {
     if (!found) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
   }
   return missing;
+}
+
+std::vector<uint64_t> Group::PublishedBy(int rank) const {
+  const RankControl& slot = control()->ranks[rank];
+  const uint32_t n =
+      std::min<uint32_t>(slot.pending_count.load(std::memory_order_acquire), kMaxPending);
+  std::vector<uint64_t> keys(n);
+  for (uint32_t i = 0; i < n; ++i) keys[i] = slot.pending[i].load(std::memory_order_relaxed);
+  return keys;
+}
+
+void Group::MarkJoined() {
+  if (join_order_ != 0) return;
+  join_order_ = 1;
+  if (!peers_) return;
+  join_order_ = control()->joins.fetch_add(1, std::memory_order_relaxed) + 1;
+  control()->ranks[rank_].joined.store(join_order_, std::memory_order_release);
+  Poke();
+}
+
+uint64_t Group::ClearJoined() {
+  const uint64_t order = join_order_;
+  join_order_ = 0;
+  std::fill(recent_, recent_ + kRecent, 0);
+  if (peers_) control()->ranks[rank_].joined.store(0, std::memory_order_release);
+  return order;
+}
+
+bool Group::Joined(int rank) const {
+  if (!peers_) return rank == rank_ && join_order_ != 0;
+  return control()->ranks[rank].joined.load(std::memory_order_acquire) != 0;
+}
+
+Status Group::PeekNextDescription(std::string* text) {
+  if (world_ == 1) return InvalidArgument("no other rank to take part with");
+  GroupControl* g = control();
+  // A rank publishes its description, then arrives at the collective's first
+  // barrier: once one still training has arrived, its slot is this one's.
+  const uint64_t target = seq_ + 1;
+  int from = -1;
+  SMB_RETURN_IF_ERROR(WaitUntil(
+      "hvd.join (waiting for the collective it takes part in)",
+      [&] {
+        for (int r = 0; r < world_; ++r) {
+          if (r == rank_ || Joined(r)) continue;
+          if (g->ranks[r].arrive_seq.load(std::memory_order_acquire) >= target) {
+            from = r;
+            return true;
+          }
+        }
+        return false;
+      },
+      [&] {
+        std::string training;
+        for (int r = 0; r < world_; ++r) {
+          if (r == rank_ || Joined(r)) continue;
+          training += (training.empty() ? "" : ", ") + std::to_string(r);
+        }
+        return training;
+      }));
+  const char* slot = g->ranks[from].desc[collectives_ & 1];
+  uint32_t len = 0;
+  std::memcpy(&len, slot + 8, sizeof len);
+  text->assign(slot + 12, std::min<size_t>(len, kDescTextBytes - 1));
+  return Status::Ok();
 }
 
 }  // namespace smb

@@ -116,11 +116,26 @@ class Group {
   // chooses the oldest of `mine` (its waiting keys) that every rank has
   // published; the others read rank 0's choice. False: not yet.
   bool NextCollective(const std::vector<uint64_t>& mine, uint64_t* key);
-  // The ranks that have not published `key`, e.g. "1, 2".
+  // The ranks that have not published `key`, e.g. "1, 2". A rank that has
+  // joined counts as having every key.
   std::string RanksWithout(uint64_t key) const;
+
+  // ---- Join (Horovod's hvd.join; one node) ----
+  // Marks this rank joined: it has nothing left to submit but its join, and
+  // serves the others' collectives (algorithms/joined.h) until every rank
+  // has joined. ClearJoined ends that and returns the rank's join order (1
+  // for the group's first join, 2 for the next, ...; 0 if it had not joined).
+  void MarkJoined();
+  uint64_t ClearJoined();
+  bool Joined(int rank) const;
+  // The description (with its agreement) that a rank still training published
+  // for the collective this rank is about to run, once it has: what a joined
+  // rank needs to take part with zeros.
+  Status PeekNextDescription(std::string* text);
 
  private:
   GroupControl* control() const { return peers_->control(); }
+  std::vector<uint64_t> PublishedBy(int rank) const;
 
   std::shared_ptr<Peers> peers_;
   std::shared_ptr<NodeLink> link_;
@@ -131,6 +146,11 @@ class Group {
   uint64_t collectives_ = 0;  // Agree() calls, for descriptor parity
   uint64_t chunks_ = 0;       // chunks moved, for staging buffer parity
   uint64_t decided_ = 0;      // collectives whose turn NextCollective found
+  uint64_t join_order_ = 0;   // see MarkJoined
+  // Rank 0: the keys it chose last. Having joined, it chooses from another
+  // rank's published keys, which may still list one that just ran.
+  static constexpr int kRecent = 8;
+  uint64_t recent_[kRecent] = {};
   std::string next_agreement_;  // see SetNextAgreement
   std::string agreement_;       // the current collective's, from AgreeHere to AgreeAcrossNodes
 };

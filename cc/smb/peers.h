@@ -47,6 +47,10 @@ struct alignas(64) RankControl {
   // CollectiveScheduler). Only this rank writes them.
   std::atomic<uint32_t> pending_count;
   std::atomic<uint64_t> pending[kMaxPending];
+  // Non-zero while this rank has joined (Horovod's join: it ran out of data
+  // and takes part in the others' collectives with zeros): the group's join
+  // count when it joined, so the last to join has the largest.
+  std::atomic<uint64_t> joined;
 };
 
 // Heap memory that holds all-reduce sums every rank reads in place (see
@@ -68,6 +72,7 @@ struct GroupControl {
   // than one collective ahead of the slowest rank).
   std::atomic<uint64_t> decision_seq[2];
   std::atomic<uint64_t> decision_key[2];
+  std::atomic<uint64_t> joins;  // ranks that ever joined (RankControl::joined)
   ResultBuffer results[kMaxResults];
   RankControl ranks[kMaxWorld];
 };

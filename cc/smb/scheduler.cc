@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cc/smb/algorithms/joined.h"
 #include "cc/smb/hash.h"
 #include "cc/smb/group.h"
 #include "cc/smb/process.h"
@@ -28,6 +29,7 @@ struct Item {
   CollectiveScheduler::Run run;
   CollectiveScheduler::Done done;
   double since;
+  bool join = false;  // SubmitJoin's
 };
 
 // Timeline: the collective `item` as one event from the start of its
@@ -105,6 +107,30 @@ Status CheckStalled(Group& group, const Item& oldest, double now) {
                     " never called it (do all ranks run the same collectives?)");
 }
 
+void Enqueue(CollectiveScheduler::State* st, const std::string& key, const std::string& what,
+             CollectiveScheduler::Run run, CollectiveScheduler::Done done, bool join) {
+  Status failure = st->comm->group().Failure();
+  if (!failure.ok()) {
+    done(failure);  // fail fast: the job stopped at an earlier error
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    const uint64_t count = st->counts[key]++;
+    Item item;
+    item.key = key + "#" + std::to_string(count);
+    item.what = what;
+    item.hash = StableHash(item.key);
+    item.run = std::move(run);
+    item.done = std::move(done);
+    item.since = MonotonicSeconds();
+    item.join = join;
+    st->items.push_back(std::move(item));
+  }
+  st->cv.notify_one();
+  st->comm->group().Poke();  // the thread may sleep on the box rather than on cv
+}
+
 void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
   Communicator* comm = st->comm.get();
   Group& group = comm->group();
@@ -112,10 +138,12 @@ void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
   double next_liveness = 0;
   int spins = 0;
   int64_t previous_end_ns = 0;  // timeline only: when the last collective ended
+  double served_at = 0;         // when this rank, joined, last took part in one
   for (;;) {
     const uint32_t seen = group.WakeWord();
     std::vector<uint64_t> waiting;
     Item oldest;
+    bool only_join = false;
     {
       std::unique_lock<std::mutex> lock(st->mu);
       st->busy = false;
@@ -125,8 +153,11 @@ void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
       oldest.key = st->items.front().key;
       oldest.what = st->items.front().what;
       oldest.hash = st->items.front().hash;
-      oldest.since = st->items.front().since;
+      // A joined rank waits as long as the others keep it busy.
+      oldest.since = std::max(st->items.front().since, served_at);
+      only_join = st->items.size() == 1 && st->items.front().join;
     }
+    if (only_join) group.MarkJoined();
     Status failure = group.Failure();
     if (!failure.ok()) {
       FailAll(st.get(), failure);
@@ -147,7 +178,18 @@ void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
     uint64_t next = 0;
     if (group.NextCollective(waiting, &next)) {
       Item item;
-      if (!Take(st.get(), next, &item)) {
+      const bool mine = Take(st.get(), next, &item);
+      if (!mine && group.Joined(group.rank())) {
+        Status s = ServeAsJoined(group);
+        served_at = MonotonicSeconds();
+        spins = 0;
+        if (!s.ok() && s.code() != Code::kFailedPrecondition) {
+          const Status earlier = group.Failure();
+          FailAll(st.get(), earlier.ok() ? group.Fail(s) : earlier);
+        }
+        continue;
+      }
+      if (!mine) {
         FailAll(st.get(), group.Fail(Status(
             Code::kInternal, "rank " + std::to_string(group.rank()) +
                                  " was told to run a collective it never submitted")));
@@ -175,6 +217,7 @@ void Loop(std::shared_ptr<CollectiveScheduler::State> st) {
         // scheduler, which then joins this thread instead of leaving it.
         std::lock_guard<std::mutex> lock(st->mu);
         st->busy = false;
+        if (item.join) st->counts.clear();  // every rank, at the same point
       }
       item.done(s);
       continue;
@@ -226,25 +269,11 @@ CollectiveScheduler::~CollectiveScheduler() {
 
 void CollectiveScheduler::Submit(const std::string& key, const std::string& what,
                                  Run run, Done done) {
-  Status failure = state_->comm->group().Failure();
-  if (!failure.ok()) {
-    done(failure);  // fail fast: the job stopped at an earlier error
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    const uint64_t count = state_->counts[key]++;
-    Item item;
-    item.key = key + "#" + std::to_string(count);
-    item.what = what;
-    item.hash = StableHash(item.key);
-    item.run = std::move(run);
-    item.done = std::move(done);
-    item.since = MonotonicSeconds();
-    state_->items.push_back(std::move(item));
-  }
-  state_->cv.notify_one();
-  state_->comm->group().Poke();  // the thread may sleep on the box rather than on cv
+  Enqueue(state_.get(), key, what, std::move(run), std::move(done), /*join=*/false);
+}
+
+void CollectiveScheduler::SubmitJoin(Run run, Done done) {
+  Enqueue(state_.get(), "hvd.join", "hvd.join", std::move(run), std::move(done), /*join=*/true);
 }
 
 Communicator* CollectiveScheduler::comm() const { return state_->comm.get(); }

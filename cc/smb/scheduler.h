@@ -52,6 +52,12 @@ class CollectiveScheduler {
   // `key` names the call site; calls with the same key are told apart by
   // how many came before on this rank. `what` describes it in errors.
   void Submit(const std::string& key, const std::string& what, Run run, Done done);
+  // This rank's join (Horovod's hvd.join; one node): while it is the only
+  // thing this rank has waiting, the rank counts as having joined and takes
+  // part in the others' collectives with zeros (algorithms/joined.h); `run`
+  // runs once every rank has joined. The calls of every key are counted
+  // afresh after it (ranks that joined early ran fewer of them).
+  void SubmitJoin(Run run, Done done);
 
   Communicator* comm() const;
 

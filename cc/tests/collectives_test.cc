@@ -4,7 +4,8 @@
 // partitioned all-reduce (copied out and kept in result buffers, chunked),
 // broadcast, barrier, agreement failures, the scheduler's agreed order with
 // collectives submitted from several threads in a different order on every
-// rank, failure that stops every rank, a rank that leaves, the step clock.
+// rank, failure that stops every rank, a rank that leaves, the step clock,
+// Horovod's join (ranks that ran out of data add zeros).
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -263,6 +264,83 @@ void TestSchedulerAgreesOrder(int world) {
   });
 }
 
+// Horovod's join: rank r runs r + 1 all-reduces (small and chunked, and one
+// large enough for a shared result buffer), then joins (the last rank first
+// broadcasts and passes a barrier); the ranks that joined (rank 0 first, which then
+// picks the next collective from the others' keys) add zeros. Every rank
+// learns that the last rank joined last, and counts its calls afresh after.
+void TestJoin(int world) {
+  RunRanks(world, 512, 30, [world](int rank, std::shared_ptr<smb::Communicator> comm) {
+    auto scheduler = smb::CollectiveScheduler::Start(comm);
+    auto run = [&](const std::string& key, smb::CollectiveScheduler::Run body) {
+      std::promise<smb::Status> done;
+      scheduler->Submit(key, key, std::move(body),
+                        [&done](const smb::Status& s) { done.set_value(s); });
+      return done.get_future().get();
+    };
+    for (int step = 0; step <= rank; ++step) {
+      for (const int64_t n : {int64_t{3}, int64_t{300}, int64_t{70000}}) {
+        // As the TF kernels do (a joined rank serves all-reduces this way).
+        std::vector<float> in(n, static_cast<float>(rank + 1)), out(n, -1.0f);
+        const smb::Status s = run("step", [&](smb::Communicator* c) {
+          VectorOutput output(out.data());
+          std::vector<void*> sums;
+          std::shared_ptr<smb::ResultHold> hold;
+          SMB_RETURN_IF_ERROR(c->AllReduceSumShared(
+              {{smb::DType::kFloat32, {n}, in.data(), nullptr}}, &output, &sums, &hold));
+          if (hold != nullptr) std::copy_n(static_cast<const float*>(sums[0]), n, out.data());
+          return smb::Status::Ok();
+        });
+        // Ranks step..world-1 still train: the sum of their rank + 1.
+        const float want = static_cast<float>((world * (world + 1) - step * (step + 1)) / 2);
+        Check(s.ok() && std::all_of(out.begin(), out.end(), [want](float v) { return v == want; }),
+              Where("join: step " + std::to_string(step) + " of " + std::to_string(n) + ": " +
+                        s.ToString(), world, rank));
+      }
+    }
+    if (rank == world - 1) {  // the others have joined (or are about to)
+      std::vector<int32_t> value = {42};
+      const smb::Status sent = run("bcast", [&](smb::Communicator* c) {
+        return c->Broadcast(rank, {{smb::DType::kInt32, {1}, value.data(), value.data()}});
+      });
+      const smb::Status passed = run("barrier", [](smb::Communicator* c) { return c->Barrier(); });
+      Check(sent.ok() && value[0] == 42 && passed.ok(),
+            Where("join: broadcast and barrier among joined ranks: " + sent.ToString() + " " +
+                      passed.ToString(), world, rank));
+    }
+    std::promise<smb::Status> joined;
+    int last = -1;
+    scheduler->SubmitJoin([&last](smb::Communicator* c) { return c->FinishJoin(&last); },
+                          [&joined](const smb::Status& s) { joined.set_value(s); });
+    const smb::Status s = joined.get_future().get();
+    Check(s.ok() && last == world - 1,
+          Where("join: last rank " + std::to_string(last) + ": " + s.ToString(), world, rank));
+    std::vector<float> in(5, 1.0f), out(5, 0.0f);
+    const smb::Status after = run("step", [&](smb::Communicator* c) {
+      return c->AllReduceSum({{smb::DType::kFloat32, {5}, in.data(), out.data()}});
+    });
+    Check(after.ok() && out[0] == static_cast<float>(world),
+          Where("join: the same key after the join: " + after.ToString(), world, rank));
+    // Zeros would corrupt a minimum: a joined rank refuses, and the job stops.
+    smb::Status refused;
+    if (rank == world - 1) {
+      refused = run("min", [&](smb::Communicator* c) {
+        c->group().SetNextAgreement("hvd.allreduce\ncollective=allreduce;reduce op=Min");
+        return c->AllReduceSum({{smb::DType::kFloat32, {5}, in.data(), out.data()}});
+      });
+    } else {
+      std::promise<smb::Status> again;
+      scheduler->SubmitJoin([&last](smb::Communicator* c) { return c->FinishJoin(&last); },
+                            [&again](const smb::Status& s) { again.set_value(s); });
+      refused = again.get_future().get();
+    }
+    Check(refused.code() == smb::Code::kInvalidArgument &&
+              refused.message().find("cannot take part in an all-reduce with op Min") !=
+                  std::string::npos,
+          Where("join: a minimum refused: " + refused.ToString(), world, rank));
+  });
+}
+
 void TestGoneRankFailsTheOthers() {
   // Rank 1 leaves the group without calling the barrier: rank 0 fails at
   // once naming it, not after the 30 s timeout.
@@ -448,6 +526,7 @@ int main() {
     TestDisagreementStopsEveryRank(world);
     TestRecoverableDisagreement(world);
     TestSchedulerAgreesOrder(world);
+    TestJoin(world);
   }
   TestGoneRankFailsTheOthers();
   TestStepClock();

@@ -193,6 +193,44 @@ def scenario_process_sets():
     return out
 
 
+def scenario_join():
+    """At 3 processes, ranks running out of data at different times (hvd.join)."""
+    rank = hvd_tf.rank()
+    out = {}
+    mine = tf.fill([3], float(rank + 1))
+    # Eagerly: rank r runs r + 1 collectives, then joins (rank 0 first, which
+    # then chooses the others' collectives from their keys).
+    ops = [lambda: hvd_tf.allreduce(mine, op=hvd_tf.Sum).numpy().tolist(),
+           lambda: hvd_tf.allgather(tf.fill([rank + 1], rank)).numpy().tolist(),
+           lambda: [hvd_tf.barrier(),
+                    hvd_tf.broadcast(tf.constant([7 * rank]), root_rank=2).numpy().tolist(),
+                    hvd_tf.allreduce(mine, op=hvd_tf.Average).numpy().tolist()]]
+    out["eager"] = [op() for op in ops[:rank + 1]]
+    out["last_eager"] = int(hvd_tf.join())
+
+    @tf.function
+    def step():
+        return hvd_tf.allreduce(mine, op=hvd_tf.Sum)
+
+    # In a tf.function: rank r takes 3 - r steps (rank 2 joins first).
+    out["graph"] = [step().numpy().tolist() for _ in range(3 - rank)]
+    out["last_graph"] = int(hvd_tf.join())
+    # After a join every rank counts its calls afresh: the ranks' different
+    # numbers of steps above do not stop the same function pairing up again.
+    out["after"] = [step().numpy().tolist(), hvd_tf.allreduce(mine, op=hvd_tf.Sum).numpy().tolist()]
+    # A broadcast from a rank that joined has nothing to send: the job stops,
+    # naming it, on every rank.
+    try:
+        if rank == 0:
+            hvd_tf.join()
+        else:
+            hvd_tf.broadcast(tf.ones([2]), root_rank=0).numpy()
+        out["root_joined"] = "no error"
+    except tf.errors.OpError as e:
+        out["root_joined"] = e.message
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenario")
@@ -205,7 +243,8 @@ def main():
         else:
             result.update({"tape": scenario_tape, "disagree": scenario_disagree,
                            "partial": scenario_partial,
-                           "process_sets": scenario_process_sets}[scenario]())
+                           "process_sets": scenario_process_sets,
+                           "join": scenario_join}[scenario]())
     result.update(rank=hvd.rank(), size=hvd.size())
     report(result)
 

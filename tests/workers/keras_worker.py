@@ -187,7 +187,8 @@ def _recoverable_allreduce(n):
 
 def _process_sets_per_node():
     """tf_smb.horovod's process sets across 2 nodes x 2: one per node sums its
-    ranks' values; a set spanning the nodes is refused on every rank alike."""
+    ranks' values; a set spanning the nodes, and hvd.join, are refused on every
+    rank alike."""
     import tf_smb.horovod as hvd  # pylint: disable=import-outside-toplevel
     hvd.init()
     sets = [hvd.add_process_set([0, 1]), hvd.add_process_set([2, 3])]
@@ -199,6 +200,11 @@ def _process_sets_per_node():
         out["spanning_set"] = "no error"
     except NotImplementedError as e:
         out["spanning_set"] = str(e)
+    try:
+        hvd.join()
+        out["join_across_nodes"] = "no error"
+    except NotImplementedError as e:
+        out["join_across_nodes"] = str(e)
     return out
 
 

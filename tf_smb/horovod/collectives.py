@@ -496,11 +496,23 @@ def barrier() -> None:
 
 
 def join() -> tf.Tensor:
-    """Not available: Horovod's join lets ranks that ran out of data serve the
-    others' collectives with zeros; tf_smb's collectives need every rank."""
-    raise NotImplementedError(
-        "tf_smb.horovod does not implement hvd.join(): give every rank the same number "
-        "of steps (e.g. shard the dataset evenly, or repeat it and set steps_per_epoch)")
+    """Horovod's join: this rank has run out of data. Until every rank has
+    joined, it takes part in the others' collectives as a rank with nothing to
+    add: zeros to their allreduces (a Sum is the others' sum; an Average still
+    divides by the job's size, as Horovod's does), no rows to their allgathers,
+    and it passes their barriers and receives their broadcasts. Then every rank
+    gets the rank that joined last (an int32 scalar tensor).
+
+    Job-wide (the global process set) and on one node; a broadcast whose root
+    has joined stops the job with an error naming it."""
+    if scope().set_id != 0:
+        raise ValueError("hvd.join() is job-wide: call it outside a process set's collectives")
+    if basics.mpi_enabled():
+        raise NotImplementedError(
+            "tf_smb.horovod joins ranks on one node only; this job spans nodes: give every "
+            "rank the same number of steps (e.g. shard the dataset evenly, or repeat it "
+            "and set steps_per_epoch)")
+    return smb_ops.join()
 
 
 def grouped_broadcast(tensors: Sequence[Any], root_rank: int) -> List[tf.Tensor]:

@@ -1,0 +1,159 @@
+#include "cc/smb/algorithms/joined.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "cc/smb/algorithms/broadcast.h"
+#include "cc/smb/algorithms/partitioned_allreduce.h"
+
+namespace smb {
+namespace {
+
+// Outputs a joined rank discards.
+class ScratchOutputs : public OpContext {
+ public:
+  Status AllocateOutputs(std::vector<TensorRef>* tensors) override {
+    for (TensorRef& t : *tensors) {
+      buffers_.emplace_back(NumBytes(t));
+      t.out = buffers_.back().data();
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::vector<std::vector<char>> buffers_;
+};
+
+Status ParseShape(const std::string& text, std::vector<int64_t>* shape) {
+  // "[17,3]" or "[]"
+  if (text.size() < 2 || text.front() != '[' || text.back() != ']') {
+    return InvalidArgument("bad shape '" + text + "'");
+  }
+  size_t at = 1;
+  while (at < text.size() - 1) {
+    char* end = nullptr;
+    const long long d = std::strtoll(text.c_str() + at, &end, 10);
+    const size_t stop = static_cast<size_t>(end - text.c_str());
+    if (stop == at || d < 0) return InvalidArgument("bad shape '" + text + "'");
+    shape->push_back(d);
+    at = text[stop] == ',' ? stop + 1 : stop;
+  }
+  return Status::Ok();
+}
+
+// The value of `name` in an agreement's "NAME\nfield=value;field=value;..."
+// (Group::SetNextAgreement), or "".
+std::string AgreementField(const std::string& agreement, const std::string& name) {
+  const std::string marker = name + "=";
+  size_t at = agreement.find('\n');
+  while (at != std::string::npos) {
+    ++at;
+    if (agreement.compare(at, marker.size(), marker) == 0) {
+      const size_t start = at + marker.size();
+      const size_t stop = agreement.find_first_of(";\n", start);
+      return agreement.substr(start, stop == std::string::npos ? std::string::npos : stop - start);
+    }
+    at = agreement.find_first_of(";\n", at);
+  }
+  return "";
+}
+
+}  // namespace
+
+Status ParseDescription(const std::string& desc, std::string* op,
+                        std::vector<TensorRef>* tensors) {
+  tensors->clear();
+  const size_t of = desc.rfind(" of ");
+  if (of == std::string::npos) {
+    *op = desc;  // "barrier"
+    return Status::Ok();
+  }
+  *op = desc.substr(0, of);
+  const size_t colon = desc.find(':', of);
+  if (colon == std::string::npos) return InvalidArgument("no tensors in '" + desc + "'");
+  size_t at = colon + 1;
+  while (at < desc.size()) {
+    if (desc[at] == ' ') {
+      ++at;
+      continue;
+    }
+    size_t stop = desc.find(' ', at);
+    if (stop == std::string::npos) stop = desc.size();
+    const std::string item = desc.substr(at, stop - at);
+    const size_t bracket = item.find('[');
+    if (bracket == std::string::npos) return InvalidArgument("bad tensor '" + item + "'");
+    TensorRef t{DType::kFloat32, {}, nullptr, nullptr};
+    SMB_RETURN_IF_ERROR(ParseDType(item.substr(0, bracket), &t.dtype));
+    SMB_RETURN_IF_ERROR(ParseShape(item.substr(bracket), &t.shape));
+    tensors->push_back(std::move(t));
+    at = stop;
+  }
+  return Status::Ok();
+}
+
+Status ServeAsJoined(Group& group) {
+  std::string text;
+  SMB_RETURN_IF_ERROR(group.PeekNextDescription(&text));
+  const size_t line = text.rfind('\n');
+  const std::string agreement = line == std::string::npos ? "" : text.substr(0, line);
+  const std::string desc = line == std::string::npos ? text : text.substr(line + 1);
+  const std::string who = "rank " + std::to_string(group.job_rank()) + " has joined (hvd.join)";
+  std::string op;
+  std::vector<TensorRef> tensors;
+  Status parsed = ParseDescription(desc, &op, &tensors);
+  if (!parsed.ok()) {
+    return group.Fail(Status(Code::kInternal, who + " and cannot read the collective it " +
+                                                  "must take part in: " + parsed.message()));
+  }
+  // Zeros in, scratch out: what this rank adds to a sum is nothing.
+  std::vector<std::vector<char>> zeros;
+  for (TensorRef& t : tensors) {
+    zeros.emplace_back(NumBytes(t), 0);
+    t.in = zeros.back().data();
+  }
+  if (desc != "barrier" && Describe(op, tensors) != desc) {
+    // The description was cut at the box's slot size (very many tensors).
+    return group.Fail(Status(
+        Code::kInvalidArgument,
+        who + ", and a collective of " + std::to_string(tensors.size()) + "+ tensors is too " +
+            "long to describe for it to take part (" + desc.substr(0, 80) + "...); fuse fewer "
+            "tensors per collective"));
+  }
+  // Zeros leave sums alone, not minima, maxima or products (Horovod's ops
+  // name theirs in the agreement's fields: "...;reduce op=Min;...").
+  const std::string reduce_op = AgreementField(agreement, "reduce op");
+  if (reduce_op == "Min" || reduce_op == "Max" || reduce_op == "Product") {
+    return group.Fail(Status(Code::kInvalidArgument,
+                             who + " and cannot take part in an all-reduce with op " + reduce_op +
+                                 ": a joined rank adds zeros, which only Sum and Average leave "
+                                 "alone"));
+  }
+  group.SetNextAgreement(agreement);
+  if (op == "allreduce") {
+    ScratchOutputs outputs;
+    std::vector<void*> sums;
+    std::shared_ptr<ResultHold> hold;  // released at once: nothing reads the sums here
+    return AllReduceSumShared(group, tensors, &outputs, &sums, &hold);
+  }
+  if (op.rfind("broadcast from rank ", 0) == 0) {
+    const int root = std::atoi(op.c_str() + std::strlen("broadcast from rank "));
+    if (root == group.job_rank()) {
+      return group.Fail(Status(Code::kInvalidArgument,
+                               who + ", so it has nothing to broadcast as the root of " + desc));
+    }
+    std::vector<std::vector<char>> outs;
+    for (TensorRef& t : tensors) {
+      outs.emplace_back(NumBytes(t));
+      t.out = outs.back().data();
+    }
+    return Broadcast(group, root, tensors);
+  }
+  if (op == "barrier") return group.Agree("barrier", "barrier");
+  return group.Fail(Status(Code::kInvalidArgument,
+                           who + " and cannot take part in " + desc +
+                               ": a joined rank takes part in all-reduces, broadcasts and "
+                               "barriers only"));
+}
+
+}  // namespace smb
