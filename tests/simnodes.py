@@ -343,8 +343,12 @@ class SimulatedNodes:
                ("btl", "tcp,self,vader"), ("btl_tcp_if_include", self.cidr),
                ("oob_tcp_if_include", self.cidr), ("mpi_yield_when_idle", "1"),
                *extra_mca]
+        # Unbound: each node's mpirun daemon would bind its first rank to core 0, and
+        # the simulated nodes share this machine's cores, so one rank per node
+        # would put every rank on the same core (half speed at 2 x 1); real nodes
+        # each have their own core 0.
         out = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--tag-output",
-               "-np", str(np_), "--hostfile", hostfile]
+               "--bind-to", "none", "-np", str(np_), "--hostfile", hostfile]
         for key, value in mca:
             out += ["--mca", key, value]
         for name in dict.fromkeys(forward):
