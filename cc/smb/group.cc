@@ -470,7 +470,7 @@ bool Group::Joined(int rank) const {
   return control()->ranks[rank].joined.load(std::memory_order_acquire) != 0;
 }
 
-Status Group::PeekNextDescription(std::string* text) {
+Status Group::PeekNextDescription(std::string* text, bool* complete) {
   if (world_ == 1) return InvalidArgument("no other rank to take part with");
   GroupControl* g = control();
   // A rank publishes its description, then arrives at the collective's first
@@ -498,9 +498,12 @@ Status Group::PeekNextDescription(std::string* text) {
         return training;
       }));
   const char* slot = g->ranks[from].desc[collectives_ & 1];
+  uint64_t hash = 0;
   uint32_t len = 0;
+  std::memcpy(&hash, slot, sizeof hash);
   std::memcpy(&len, slot + 8, sizeof len);
   text->assign(slot + 12, std::min<size_t>(len, kDescTextBytes - 1));
+  *complete = StableHash(*text) == hash;  // the hash is of the whole description
   return Status::Ok();
 }
 

@@ -130,8 +130,9 @@ class Group {
   bool Joined(int rank) const;
   // The description (with its agreement) that a rank still training published
   // for the collective this rank is about to run, once it has: what a joined
-  // rank needs to take part with zeros.
-  Status PeekNextDescription(std::string* text);
+  // rank needs to take part with zeros. *complete: false when the box's slot
+  // cut it short (kDescBytes).
+  Status PeekNextDescription(std::string* text, bool* complete);
 
  private:
   GroupControl* control() const { return peers_->control(); }

@@ -94,11 +94,20 @@ Status ParseDescription(const std::string& desc, std::string* op,
 
 Status ServeAsJoined(Group& group) {
   std::string text;
-  SMB_RETURN_IF_ERROR(group.PeekNextDescription(&text));
+  bool complete = false;
+  SMB_RETURN_IF_ERROR(group.PeekNextDescription(&text, &complete));
+  const std::string who = "rank " + std::to_string(group.job_rank()) + " has joined (hvd.join)";
+  if (!complete) {
+    // Very many tensors in one collective: their list does not fit the slot.
+    return group.Fail(Status(
+        Code::kInvalidArgument,
+        who + ", and the others' collective is too long to describe for it to take part (" +
+            text.substr(text.rfind('\n') + 1, 60) + "...): about 80 tensors fit; fuse fewer "
+            "tensors per collective"));
+  }
   const size_t line = text.rfind('\n');
   const std::string agreement = line == std::string::npos ? "" : text.substr(0, line);
   const std::string desc = line == std::string::npos ? text : text.substr(line + 1);
-  const std::string who = "rank " + std::to_string(group.job_rank()) + " has joined (hvd.join)";
   std::string op;
   std::vector<TensorRef> tensors;
   Status parsed = ParseDescription(desc, &op, &tensors);
@@ -113,12 +122,8 @@ Status ServeAsJoined(Group& group) {
     t.in = zeros.back().data();
   }
   if (desc != "barrier" && Describe(op, tensors) != desc) {
-    // The description was cut at the box's slot size (very many tensors).
-    return group.Fail(Status(
-        Code::kInvalidArgument,
-        who + ", and a collective of " + std::to_string(tensors.size()) + "+ tensors is too " +
-            "long to describe for it to take part (" + desc.substr(0, 80) + "...); fuse fewer "
-            "tensors per collective"));
+    return group.Fail(Status(Code::kInternal, who + " and misread the collective it must take "
+                                                    "part in: '" + desc.substr(0, 80) + "'"));
   }
   // Zeros leave sums alone, not minima, maxima or products (Horovod's ops
   // name theirs in the agreement's fields: "...;reduce op=Min;...").
