@@ -41,13 +41,27 @@ _DESCRIPTION_BYTES = 1024
 
 @dataclasses.dataclass(frozen=True)
 class AsyncConfig:
-    """How the asynchronous mode updates parameters in the box."""
+    """How the asynchronous mode updates parameters in the box (SMBStrategy's
+    options of that name). Checked once, when made: ValueError says what was
+    expected and what came."""
 
     staleness: Optional[int] = None  # None: fully asynchronous
     update: str = "delta"            # "delta" (any optimizer) or "sgd" (in the box)
     momentum: float = 0.0            # with update="sgd"
     consistent: bool = True          # False: hogwild reads
     read_at: str = "start"           # "start" of a step, or "push": with the last step's push
+
+    def __post_init__(self) -> None:
+        if self.update not in ("delta", "sgd"):
+            raise ValueError(f"update must be 'delta' or 'sgd', got {self.update!r}")
+        if self.staleness is not None and (
+                not isinstance(self.staleness, int) or isinstance(self.staleness, bool)
+                or self.staleness < 0):
+            raise ValueError(f"staleness must be None or an int >= 0, got {self.staleness!r}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if self.read_at not in ("start", "push"):
+            raise ValueError(f"read_at must be 'start' or 'push', got {self.read_at!r}")
 
 
 @dataclasses.dataclass(frozen=True)

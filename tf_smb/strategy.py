@@ -137,19 +137,12 @@ class SMBStrategy(DataParallelStrategy):
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
         check_gradient_clipping(gradient_clipping)
-        if update not in ("delta", "sgd"):
-            raise ValueError(f"update must be 'delta' or 'sgd', got {update!r}")
         if consistency not in ("consistent", "hogwild"):
             raise ValueError(
                 f"consistency must be 'consistent' or 'hogwild', got {consistency!r}")
-        if staleness is not None and (not isinstance(staleness, int) or staleness < 0):
-            raise ValueError(f"staleness must be None or an int >= 0, got {staleness!r}")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
-        if read_at not in ("start", "push"):
-            raise ValueError(f"read_at must be 'start' or 'push', got {read_at!r}")
-        if mode == "sync" and (staleness is not None or update != "delta"
-                               or momentum or consistency != "consistent" or read_at != "start"):
+        config = AsyncConfig(staleness=staleness, update=update, momentum=momentum,
+                             consistent=consistency == "consistent", read_at=read_at)
+        if mode == "sync" and config != AsyncConfig():
             raise ValueError("staleness, update, momentum, consistency and read_at apply to "
                              "mode='async' only")
         if read_at == "push" and (staleness is not None or local_replicas != 1):
@@ -170,16 +163,11 @@ class SMBStrategy(DataParallelStrategy):
         if mode == "async":
             keras_support.install_async_hooks()
             if job.size > 1:  # one worker has no one to wait for or share with
-                engine = AsyncEngine(
-                    job, AsyncConfig(staleness=staleness, update=update, momentum=momentum,
-                                     consistent=consistency == "consistent", read_at=read_at),
-                    collectives)
+                engine = AsyncEngine(job, config, collectives)
         if local_replicas != 1:
             extended = local_replicas_lib.LocalReplicasExtended(
                 self, job, collectives, devices,
-                async_config=AsyncConfig(staleness=staleness, update=update, momentum=momentum,
-                                         consistent=consistency == "consistent")
-                if mode == "async" else None,
+                async_config=config if mode == "async" else None,
                 timeout_s=timeout_s if timeout_s is not None else smb_ops.DEFAULT_TIMEOUT_S,
                 async_engine=engine)
         else:
