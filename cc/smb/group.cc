@@ -421,32 +421,37 @@ bool Group::NextCollective(const std::vector<uint64_t>& mine, uint64_t* key) {
   return true;
 }
 
+namespace {
+
+// Calls fn(key) for each key in a rank's published list, without copying it.
+template <typename Fn>
+void ForEachPublished(const RankControl& slot, Fn fn) {
+  const uint32_t n =
+      std::min<uint32_t>(slot.pending_count.load(std::memory_order_acquire), kMaxPending);
+  for (uint32_t i = 0; i < n; ++i) fn(slot.pending[i].load(std::memory_order_relaxed));
+}
+
+}  // namespace
+
 std::string Group::RanksWithout(uint64_t key) const {
   std::string missing;
   if (!peers_) return missing;
-  const GroupControl* g = control();
   for (int r = 0; r < world_; ++r) {
-    if (r == rank_ || Joined(r)) continue;
-    const RankControl& slot = g->ranks[r];
-    const uint32_t n =
-        std::min<uint32_t>(slot.pending_count.load(std::memory_order_acquire), kMaxPending);
+    if (!OtherTraining(r)) continue;
     bool found = false;
-    for (uint32_t i = 0; i < n && !found; ++i) {
-      found = slot.pending[i].load(std::memory_order_relaxed) == key;
-    }
+    ForEachPublished(control()->ranks[r], [&](uint64_t k) { found = found || k == key; });
     if (!found) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
   }
   return missing;
 }
 
 std::vector<uint64_t> Group::PublishedBy(int rank) const {
-  const RankControl& slot = control()->ranks[rank];
-  const uint32_t n =
-      std::min<uint32_t>(slot.pending_count.load(std::memory_order_acquire), kMaxPending);
-  std::vector<uint64_t> keys(n);
-  for (uint32_t i = 0; i < n; ++i) keys[i] = slot.pending[i].load(std::memory_order_relaxed);
+  std::vector<uint64_t> keys;
+  ForEachPublished(control()->ranks[rank], [&](uint64_t k) { keys.push_back(k); });
   return keys;
 }
+
+bool Group::OtherTraining(int rank) const { return rank != rank_ && !Joined(rank); }
 
 void Group::MarkJoined() {
   if (join_order_ != 0) return;
@@ -481,7 +486,7 @@ Status Group::PeekNextDescription(std::string* text, bool* complete) {
       "hvd.join (waiting for the collective it takes part in)",
       [&] {
         for (int r = 0; r < world_; ++r) {
-          if (r == rank_ || Joined(r)) continue;
+          if (!OtherTraining(r)) continue;
           if (g->ranks[r].arrive_seq.load(std::memory_order_acquire) >= target) {
             from = r;
             return true;
@@ -492,8 +497,7 @@ Status Group::PeekNextDescription(std::string* text, bool* complete) {
       [&] {
         std::string training;
         for (int r = 0; r < world_; ++r) {
-          if (r == rank_ || Joined(r)) continue;
-          training += (training.empty() ? "" : ", ") + std::to_string(r);
+          if (OtherTraining(r)) training += (training.empty() ? "" : ", ") + std::to_string(r);
         }
         return training;
       }));

@@ -137,6 +137,8 @@ class Group {
  private:
   GroupControl* control() const { return peers_->control(); }
   std::vector<uint64_t> PublishedBy(int rank) const;
+  // Another rank of this group that has not joined (hvd.join).
+  bool OtherTraining(int rank) const;
 
   std::shared_ptr<Peers> peers_;
   std::shared_ptr<NodeLink> link_;

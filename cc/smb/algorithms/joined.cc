@@ -115,6 +115,15 @@ Status ServeAsJoined(Group& group) {
     return group.Fail(Status(Code::kInternal, who + " and cannot read the collective it " +
                                                   "must take part in: " + parsed.message()));
   }
+  // Zeros leave sums alone, not minima, maxima or products (Horovod's ops
+  // name theirs in the agreement's fields: "...;reduce op=Min;...").
+  const std::string reduce_op = AgreementField(agreement, "reduce op");
+  if (reduce_op == "Min" || reduce_op == "Max" || reduce_op == "Product") {
+    return group.Fail(Status(Code::kInvalidArgument,
+                             who + " and cannot take part in an all-reduce with op " + reduce_op +
+                                 ": a joined rank adds zeros, which only Sum and Average leave "
+                                 "alone"));
+  }
   // Zeros in, scratch out: what this rank adds to a sum is nothing.
   std::vector<std::vector<char>> zeros;
   for (TensorRef& t : tensors) {
@@ -124,15 +133,6 @@ Status ServeAsJoined(Group& group) {
   if (desc != "barrier" && Describe(op, tensors) != desc) {
     return group.Fail(Status(Code::kInternal, who + " and misread the collective it must take "
                                                     "part in: '" + desc.substr(0, 80) + "'"));
-  }
-  // Zeros leave sums alone, not minima, maxima or products (Horovod's ops
-  // name theirs in the agreement's fields: "...;reduce op=Min;...").
-  const std::string reduce_op = AgreementField(agreement, "reduce op");
-  if (reduce_op == "Min" || reduce_op == "Max" || reduce_op == "Product") {
-    return group.Fail(Status(Code::kInvalidArgument,
-                             who + " and cannot take part in an all-reduce with op " + reduce_op +
-                                 ": a joined rank adds zeros, which only Sum and Average leave "
-                                 "alone"));
   }
   group.SetNextAgreement(agreement);
   if (op == "allreduce") {
@@ -147,11 +147,8 @@ Status ServeAsJoined(Group& group) {
       return group.Fail(Status(Code::kInvalidArgument,
                                who + ", so it has nothing to broadcast as the root of " + desc));
     }
-    std::vector<std::vector<char>> outs;
-    for (TensorRef& t : tensors) {
-      outs.emplace_back(NumBytes(t));
-      t.out = outs.back().data();
-    }
+    ScratchOutputs outputs;
+    SMB_RETURN_IF_ERROR(outputs.AllocateOutputs(&tensors));
     return Broadcast(group, root, tensors);
   }
   if (op == "barrier") return group.Agree("barrier", "barrier");
