@@ -25,6 +25,7 @@ ENV = {"TF_SMB_TIMEOUT": "120", "TEST_TIMEOUT": "120"}
 PER_NODE = 2
 WORLD = 2 * PER_NODE
 PUSHES = 2000
+LOST_AFTER_S = 10  # silence after which a rank is lost (cc/smb/transport/mpi_link.cc)
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "float64": 8, "int64": 8}
 
 
@@ -198,10 +199,13 @@ def test_survivors_finish_when_a_node_is_lost(nodes, tmp_path, how):
     # homed on node 1 into node 0's box from the values they last read
     # (saying so), and finish training: >= 0.90, with the same final weights
     # on both survivors. Stopped ranks that wake up after that must not train
-    # on alone: they learn they were left behind and fail saying so.
+    # on alone: they learn they were left behind and fail saying so. (The
+    # survivors need not wait on node 1 before they finish, pushes combined per
+    # node go in the background: they hold at epoch 3 until node 1 was woken.)
     run = nodes.start_mpirun(WORLD, PER_NODE,
                              [sys.executable, DIGITS, "--epochs", "12", "--kill_epoch", "1",
-                              "--marker_dir", str(tmp_path)],
+                              "--marker_dir", str(tmp_path),
+                              "--rehold_epoch", "3" if how == "stalled" else "-1"],
                              env={"TF_SMB_TIMEOUT": "300"},
                              extra_mca=[("orte_enable_recovery", "1")])
     survivors, lost = range(PER_NODE), range(PER_NODE, WORLD)  # node 0, node 1
@@ -214,16 +218,22 @@ def test_survivors_finish_when_a_node_is_lost(nodes, tmp_path, how):
             time.sleep(0.5)
         sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
         stopped = nodes.kill_in_node(1, "digits_async", sig)
+        stopped_at = time.time()
         assert len(stopped) == PER_NODE, stopped
         (tmp_path / "go").touch()
         deadline = time.time() + 300
         if how == "stalled":
-            # Node 0 has moved on (two epochs past the loss) and trains on: wake node 1.
-            while not all(_epoch(tmp_path, r) >= 3 for r in survivors):
-                assert time.time() < deadline, "the survivors did not get past epoch 3"
+            # Node 0 has moved on (two epochs on, node 1 silent for 10 s: lost):
+            # wake node 1, whose ranks must stop; then node 0 trains on.
+            while not all((tmp_path / f"reheld{r}").exists() for r in survivors):
+                assert time.time() < deadline, "the survivors did not reach epoch 3"
                 time.sleep(0.5)
-            assert not any((tmp_path / f"rank{r}.json").exists() for r in survivors)
+            time.sleep(max(0.0, stopped_at + LOST_AFTER_S + 3 - time.time()))
             nodes.kill_in_node(1, "digits_async", signal.SIGCONT)
+            while nodes.kill_in_node(1, "digits_async", 0):  # signal 0: still there?
+                assert time.time() < deadline, "node 1's woken ranks did not stop"
+                time.sleep(0.5)
+            (tmp_path / "go_on").touch()
         while not all((tmp_path / f"rank{r}.json").exists() for r in survivors):
             assert time.time() < deadline, "the survivors did not finish within 300 s"
             time.sleep(0.5)
@@ -268,13 +278,6 @@ def test_survivors_finish_when_a_node_is_lost(nodes, tmp_path, how):
             assert re.search(rf"rank {rank} \(node 1\) sent nothing for 10 s, so rank [01] went "
                              r"on without it .*this rank stops", said(rank)), (
                 f"rank {rank} did not say it was left behind:\n{said(rank)[-3000:]}")
-
-
-def _epoch(tmp_path, rank):
-    try:
-        return int((tmp_path / f"epoch{rank}").read_text())
-    except (OSError, ValueError):
-        return -1
 
 
 def _early_output(run):

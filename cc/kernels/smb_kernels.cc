@@ -524,7 +524,15 @@ class SmbBarrierOp : public AsyncOpKernel {
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     SubmitCollective(c, done, attrs_, "barrier", [](smb::Communicator* comm) {
-      return ToTfStatus(comm->Barrier());
+      // Past a barrier every push made before it is home and read back
+      // (the asynchronous mode's pushes combined per node: NodeCombiner).
+      smb::SegmentTable* segments = comm->segments();
+      if (segments != nullptr) {
+        TF_RETURN_IF_ERROR(ToTfStatus(segments->FlushCombined(comm->timeout_s())));
+      }
+      TF_RETURN_IF_ERROR(ToTfStatus(comm->Barrier()));
+      if (segments != nullptr) segments->ForgetCombinedReads();
+      return absl::OkStatus();
     });
   }
 
@@ -1037,6 +1045,11 @@ class SmbClockTickOp : public AsyncOpKernel {
     std::shared_ptr<smb::Communicator> comm;
     OP_REQUIRES_OK_ASYNC(c, SmbContext::Get().Shared(&comm), done);
     const int64_t staleness = staleness_;
+    if (staleness >= 0 && comm->segments() != nullptr) {
+      // A bound on drift: a step's pushes reach home before it ends.
+      OP_REQUIRES_OK_ASYNC(c, ToTfStatus(comm->segments()->StopCombining(comm->timeout_s())),
+                           done);
+    }
     const uint64_t step = comm->clock().Advance();
     if (comm->clock().Within(step, staleness, &gap->scalar<int64_t>()())) {
       done();  // most steps: no wait, so no thread
@@ -1065,6 +1078,11 @@ class SmbClockFinishOp : public OpKernel {
     std::shared_ptr<smb::Communicator> comm;
     OP_REQUIRES_OK(c, SmbContext::Get().Shared(&comm));
     if (finished_) {
+      // What this node combined goes home before the others see this rank
+      // finished (they then read the final values).
+      if (comm->segments() != nullptr) {
+        OP_REQUIRES_OK(c, ToTfStatus(comm->segments()->FlushCombined(comm->timeout_s())));
+      }
       comm->clock().Finish();
     } else {
       comm->clock().Resume();
@@ -1079,7 +1097,12 @@ class SmbWaitAllFinishedOp : public AsyncOpKernel {
  public:
   explicit SmbWaitAllFinishedOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
-    RunBlocking(c, done, [](smb::Communicator* comm) { return comm->clock().WaitAllFinished(); });
+    RunBlocking(c, done, [](smb::Communicator* comm) {
+      smb::Status finished = comm->clock().WaitAllFinished();
+      // Everyone's updates are home: the next reads fetch them.
+      if (finished.ok() && comm->segments() != nullptr) comm->segments()->ForgetCombinedReads();
+      return finished;
+    });
   }
 };
 

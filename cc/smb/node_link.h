@@ -35,6 +35,7 @@ struct SegmentRequest {
   bool write = false;       // kCreate: the payload is the initial value
   bool consistent = true;   // kRead: seqlock read (else hogwild)
   int32_t rule = 0;         // kUpdate: an smb::UpdateRule
+  bool read_back = false;   // kUpdate: the reply is the segment's value after it
   double learning_rate = 0;
   double momentum = 0;
 };

@@ -31,6 +31,8 @@ def main():
     p.add_argument("--kill_rank", type=int, default=-1)
     p.add_argument("--kill_epoch", type=int, default=1)
     p.add_argument("--marker_dir", default="")
+    p.add_argument("--rehold_epoch", type=int, default=-1,
+                   help="with --marker_dir: hold again at this epoch until <marker_dir>/go_on")
     p.add_argument("--result_dir", default="",
                    help="also write the JSON line to RESULT_DIR/rank<r>.json")
     p.add_argument("--validate", action="store_true",
@@ -45,6 +47,16 @@ def main():
     with strategy.scope():
         sgd = a.update == "sgd"
         model = keras_digits.build_model(0.05 if sgd else 0.003, "sgd" if sgd else "adam")
+
+    def hold(held, go):
+        # Says it is held (<held><rank>), then waits for the test's <go>.
+        with open(os.path.join(a.marker_dir, f"{held}{rank}"), "w"):
+            pass
+        deadline = time.time() + 300
+        while not os.path.exists(os.path.join(a.marker_dir, go)):
+            if time.time() > deadline:
+                raise TimeoutError(f"rank {rank}: no {a.marker_dir}/{go} within 300 s")
+            time.sleep(0.1)
 
     class Hooks(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
@@ -69,13 +81,9 @@ def main():
                 with open(os.path.join(a.marker_dir, f"epoch{rank}"), "w") as f:
                     f.write(str(epoch))
             if a.marker_dir and epoch == a.kill_epoch:
-                with open(os.path.join(a.marker_dir, f"held{rank}"), "w"):
-                    pass
-                deadline = time.time() + 300
-                while not os.path.exists(os.path.join(a.marker_dir, "go")):
-                    if time.time() > deadline:
-                        raise TimeoutError(f"rank {rank}: no {a.marker_dir}/go within 300 s")
-                    time.sleep(0.1)
+                hold("held", "go")
+            if a.marker_dir and epoch == a.rehold_epoch:
+                hold("reheld", "go_on")
 
         def on_train_end(self, logs=None):
             self.own_seconds = time.time() - start  # before waiting for the others

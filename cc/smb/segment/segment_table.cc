@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "cc/smb/tensor.h"
@@ -36,7 +37,19 @@ SegmentTable::SegmentTable(std::shared_ptr<Peers> peers, NodeLink* link)
     : peers_(std::move(peers)),
       link_(link),
       node_bytes_(link ? link->nodes() : 1, 0),
-      moved_from_(link ? link->nodes() : 1, false) {}
+      moved_from_(link ? link->nodes() : 1, false) {
+  const char* combine = std::getenv("TF_SMB_COMBINE_PUSHES");
+  // A node's ranks are bits of one 64-bit word (NodeCombiner).
+  if (link_ != nullptr && peers_->box() != nullptr && peers_->world() < 63 &&
+      !(combine != nullptr && std::string(combine) == "0")) {
+    combiner_ = std::make_unique<NodeCombiner>(
+        peers_, [this](const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                       const void* delta, void* fresh, double timeout_s) {
+          return PushAndFetch(name, dtype, shape, delta, fresh, timeout_s);
+        });
+    combining_ = true;
+  }
+}
 
 Status SegmentTable::Create(const std::string& name, DType dtype,
                             const std::vector<int64_t>& shape, const void* value, bool write,
@@ -72,6 +85,13 @@ Status SegmentTable::Create(const std::string& name, DType dtype,
 Status SegmentTable::Read(const std::string& name, DType dtype,
                           const std::vector<int64_t>& shape, ReadMode mode, void* dst,
                           double timeout_s, bool bulk) {
+  if (combining_) {
+    int home = 0;
+    SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
+    bool taken = false;
+    if (Remote(home)) SMB_RETURN_IF_ERROR(combiner_->Read(name, dtype, shape, mode, dst, &taken));
+    if (taken) return Status::Ok();
+  }
   return AtHome(
       name, dtype, shape, timeout_s,
       [&](const Segment& segment) { return ReadSegment(segment, dst, mode, bulk); },
@@ -92,6 +112,16 @@ Status SegmentTable::Update(const std::string& name, DType dtype,
                             const std::vector<int64_t>& shape, const UpdateOptions& options,
                             const void* update, double learning_rate, double timeout_s,
                             void* read_back, bool bulk) {
+  if (combining_ && NodeCombiner::Combines(options)) {
+    int home = 0;
+    SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
+    if (Remote(home)) {
+      SMB_RETURN_IF_ERROR(
+          combiner_->Push(name, dtype, shape, options, update, learning_rate, timeout_s));
+      if (read_back == nullptr) return Status::Ok();
+      return Read(name, dtype, shape, ReadMode::kConsistent, read_back, timeout_s, bulk);
+    }
+  }
   bool pushed_remotely = false;
   Status updated = AtHome(
       name, dtype, shape, timeout_s,
@@ -114,6 +144,42 @@ Status SegmentTable::Update(const std::string& name, DType dtype,
     return Read(name, dtype, shape, ReadMode::kConsistent, read_back, timeout_s, bulk);
   }
   return updated;
+}
+
+Status SegmentTable::PushAndFetch(const std::string& name, DType dtype,
+                                  const std::vector<int64_t>& shape, const void* delta,
+                                  void* fresh, double timeout_s) {
+  return AtHome(
+      name, dtype, shape, timeout_s,
+      [&](const Segment& segment) {  // its home moved here from a lost node
+        return UpdateLocal(name, segment, {UpdateRule::kDelta}, delta, 0.0, fresh);
+      },
+      [&](int home) {
+        SegmentRequest request = Request(SegmentRequest::Kind::kUpdate, name, dtype, shape);
+        request.rule = static_cast<int32_t>(UpdateRule::kDelta);
+        request.read_back = true;
+        const size_t bytes = Bytes(dtype, shape);
+        Status pushed =
+            link_->CallSegmentServer(home, request, delta, bytes, fresh, bytes, timeout_s);
+        if (pushed.ok()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          KeepCopy(name, fresh, bytes);
+        }
+        return pushed;
+      });
+}
+
+Status SegmentTable::FlushCombined(double timeout_s) {
+  return combiner_ == nullptr ? Status::Ok() : combiner_->FlushAll(timeout_s);
+}
+
+Status SegmentTable::StopCombining(double timeout_s) {
+  if (!combining_.exchange(false)) return Status::Ok();
+  return combiner_->FlushAll(timeout_s);
+}
+
+void SegmentTable::ForgetCombinedReads() {
+  if (combiner_ != nullptr) combiner_->ForgetReads();
 }
 
 bool SegmentTable::RetryAfterLoss(const Status& call, int attempt) const {
@@ -168,6 +234,11 @@ Status SegmentTable::MoveFromLostNodes(double timeout_s) {
       node_bytes_[to] += Bytes(p.dtype, p.shape);
       p.home = to;
       Move move{name, p, {}};
+      // The node's copy (NodeCombiner) is as fresh as any this rank read.
+      std::vector<char> fetched;
+      if (combiner_ != nullptr && combiner_->LastFetched(name, &fetched)) {
+        KeepCopy(name, fetched.data(), fetched.size());
+      }
       auto copy = copies_.find(name);
       if (copy == copies_.end()) {
         return Internal("rank " + std::to_string(link_->job_rank()) +
@@ -254,7 +325,9 @@ Status SegmentTable::Serve(const SegmentRequest& request, const void* payload,
       UpdateOptions options;
       options.rule = static_cast<UpdateRule>(request.rule);
       options.momentum = request.momentum;
-      return UpdateLocal(request.name, segment, options, payload, request.learning_rate);
+      if (request.read_back) reply->resize(bytes);
+      return UpdateLocal(request.name, segment, options, payload, request.learning_rate,
+                         request.read_back ? reply->data() : nullptr);
     }
     default:
       return InvalidArgument("an unknown segment request kind " +

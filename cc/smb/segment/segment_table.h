@@ -24,6 +24,7 @@
 #ifndef TF_SMB_CC_SMB_SEGMENT_SEGMENT_TABLE_H_
 #define TF_SMB_CC_SMB_SEGMENT_SEGMENT_TABLE_H_
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,6 +34,7 @@
 #include "cc/smb/box.h"
 #include "cc/smb/node_link.h"
 #include "cc/smb/peers.h"
+#include "cc/smb/segment/node_combiner.h"
 #include "cc/smb/segment/segment_io.h"
 #include "cc/smb/segment/updaters.h"
 #include "cc/smb/status.h"
@@ -58,6 +60,16 @@ class SegmentTable {
   Status Update(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                 const UpdateOptions& options, const void* update, double learning_rate,
                 double timeout_s, void* read_back = nullptr, bool bulk = false);
+  // Pushes what this node's ranks combined and not yet pushed (a rank that
+  // finishes training calls it: see NodeCombiner).
+  Status FlushCombined(double timeout_s);
+  // Pushes what is pending and combines no more: this rank's pushes and reads
+  // go to the segments' homes (a staleness bound: the others see a push once
+  // its step ends, as the bound promises).
+  Status StopCombining(double timeout_s);
+  // This rank's next reads of remote segments fetch them from their homes
+  // (once every rank finished: the node's copy may predate the last pushes).
+  void ForgetCombinedReads();
   // The segment's home node; -1 when this rank did not create it.
   int Home(const std::string& name) const;
 
@@ -105,6 +117,9 @@ class SegmentTable {
       if (!RetryAfterLoss(called, attempt)) return called;
     }
   }
+  // segment += delta at its home, then fresh = its value (one round trip).
+  Status PushAndFetch(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                      const void* delta, void* fresh, double timeout_s);
   // Keeps `value` as this rank's last copy of remote segment `name` (mu_ held).
   void KeepCopy(const std::string& name, const void* value, size_t bytes);
   Status UpdateLocal(const std::string& name, const Segment& segment,
@@ -123,6 +138,10 @@ class SegmentTable {
   std::vector<bool> moved_from_;      // nodes whose segments were moved (move_mu_)
   std::unordered_map<std::string, Segment> local_;
   std::unordered_map<std::string, std::unique_ptr<Updater>> updaters_;
+  // Across nodes: this node's pushes to remote segments combined (null: off,
+  // TF_SMB_COMBINE_PUSHES=0).
+  std::unique_ptr<NodeCombiner> combiner_;
+  std::atomic<bool> combining_{false};
 };
 
 }  // namespace smb

@@ -65,7 +65,7 @@ constexpr double kStalledS = 2;
 struct WireRequest {
   uint64_t id;
   int32_t kind, dtype, num_dims, rule;
-  uint32_t write, consistent;
+  uint32_t write, consistent, read_back, unused;
   double learning_rate, momentum;
   int64_t dims[8];
   char name[128];
@@ -907,6 +907,7 @@ Status MpiLink::CallSegmentServer(int home, const SegmentRequest& request, const
   wire.rule = request.rule;
   wire.write = request.write;
   wire.consistent = request.consistent;
+  wire.read_back = request.read_back;
   wire.learning_rate = request.learning_rate;
   wire.momentum = request.momentum;
   std::memcpy(wire.name, request.name.data(), request.name.size());
@@ -992,6 +993,7 @@ bool MpiLink::Serve(int from, const std::vector<char>& message) {
     request.shape.assign(wire.dims, wire.dims + std::min(8, std::max(0, wire.num_dims)));
     request.write = wire.write != 0;
     request.consistent = wire.consistent != 0;
+    request.read_back = wire.read_back != 0;
     request.rule = wire.rule;
     request.learning_rate = wire.learning_rate;
     request.momentum = wire.momentum;

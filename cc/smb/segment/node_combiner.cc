@@ -1,0 +1,244 @@
+#include "cc/smb/segment/node_combiner.h"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "cc/smb/process.h"
+
+namespace smb {
+namespace {
+
+size_t Elements(const Segment& s) { return s.bytes / DTypeSize(s.dtype); }
+
+}  // namespace
+
+NodeCombiner::NodeCombiner(std::shared_ptr<Peers> peers, PushFn push)
+    : peers_(std::move(peers)), push_(std::move(push)) {}
+
+NodeCombiner::~NodeCombiner() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (pusher_.joinable()) pusher_.join();
+}
+
+void NodeCombiner::Enqueue(const std::string& name, Entry* entry, double timeout_s) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (!pusher_.joinable()) pusher_ = std::thread([this] { PushLoop(); });
+    queue_.push_back({name, entry, timeout_s});
+  }
+  queue_cv_.notify_all();
+}
+
+void NodeCombiner::PushLoop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      job = queue_.front();
+      queue_.pop_front();
+    }
+    Status pushed = PushPending(job.name, *job.entry, job.timeout_s);
+    if (!pushed.ok()) {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      if (failure_.ok()) failure_ = pushed;
+    }
+  }
+}
+
+Status NodeCombiner::BackgroundFailure() {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  return failure_;
+}
+
+Status NodeCombiner::Find(const std::string& name, DType dtype,
+                          const std::vector<int64_t>& shape, Entry** entry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    Entry made{dtype, shape, {}, {}, {}, 0};
+    Box* box = peers_->box();
+    uint64_t key = 0;
+    SMB_RETURN_IF_ERROR(box->CreateSegment(name + "@pending", dtype, shape, &key));
+    SMB_RETURN_IF_ERROR(box->AttachSegment(key, dtype, shape, &made.pending));
+    SMB_RETURN_IF_ERROR(box->CreateSegment(name + "@cache", dtype, shape, &key));
+    SMB_RETURN_IF_ERROR(box->AttachSegment(key, dtype, shape, &made.cache));
+    SMB_RETURN_IF_ERROR(box->CreateSegment(name + "@combine", DType::kInt64, {kWords}, &key));
+    SMB_RETURN_IF_ERROR(box->AttachSegment(key, DType::kInt64, {kWords}, &made.state));
+    it = entries_.emplace(name, std::move(made)).first;
+  }
+  if (it->second.dtype != dtype || it->second.shape != shape) {
+    return InvalidArgument("box segment '" + name + "' is combined as another dtype or shape");
+  }
+  *entry = &it->second;
+  return Status::Ok();
+}
+
+Status NodeCombiner::ChangeState(const Entry& entry,
+                                 const std::function<void(int64_t* words)>& change) {
+  return WriteSegment(entry.state, [&](size_t, size_t) {
+    change(static_cast<int64_t*>(entry.state.data));
+  });
+}
+
+Status NodeCombiner::ReadState(const Entry& entry, int64_t* words) {
+  return ReadSegment(entry.state, words, ReadMode::kConsistent);
+}
+
+bool NodeCombiner::PushInFlight(const int64_t* words) const {
+  // A rank that died pushing took its sum with it; the others push on.
+  return words[kPushing] != 0 && !peers_->Gone(static_cast<int>(words[kPushing] - 1));
+}
+
+Status NodeCombiner::Push(const std::string& name, DType dtype,
+                          const std::vector<int64_t>& shape, const UpdateOptions& options,
+                          const void* update, double learning_rate, double timeout_s) {
+  Entry* entry = nullptr;
+  SMB_RETURN_IF_ERROR(Find(name, dtype, shape, &entry));
+  const size_t element = DTypeSize(dtype);
+  Status applied;
+  Status added = WriteSegment(entry->pending, [&](size_t offset, size_t bytes) {
+    // pending += update (kDelta), or pending -= learning_rate * update (kSgd)
+    if (!applied.ok()) return;
+    applied = ApplyRule(options, dtype, static_cast<char*>(entry->pending.data) + offset,
+                        nullptr, static_cast<const char*>(update) + offset, learning_rate,
+                        bytes / element);
+  });
+  SMB_RETURN_IF_ERROR(added);
+  SMB_RETURN_IF_ERROR(applied);
+  bool turn = false;
+  SMB_RETURN_IF_ERROR(ChangeState(*entry, [&](int64_t* w) {
+    w[kAdded] |= int64_t{1} << peers_->rank();
+    ++w[kCount];
+    if (!PushInFlight(w) && w[kCount] >= peers_->world()) turn = ClaimPush(w);
+  }));
+  if (turn) Enqueue(name, entry, timeout_s);
+  return BackgroundFailure();
+}
+
+bool NodeCombiner::ClaimPush(int64_t* words) const {
+  words[kAdded] = 0;
+  words[kCount] = 0;
+  words[kPushing] = peers_->rank() + 1;
+  return true;
+}
+
+Status NodeCombiner::PushPending(const std::string& name, Entry& entry, double timeout_s) {
+  const size_t bytes = entry.pending.bytes;
+  std::vector<char> sum(bytes), fresh(bytes);
+  Status taken = WriteSegment(entry.pending, [&](size_t offset, size_t n) {
+    char* p = static_cast<char*>(entry.pending.data) + offset;
+    std::memcpy(sum.data() + offset, p, n);
+    std::memset(p, 0, n);
+  });
+  // Readers take copy + pending: the sum moves into the copy until the home's
+  // value replaces it, so no read misses it meanwhile (nor counts it twice:
+  // Read takes the copy before the pending sum).
+  if (taken.ok()) {
+    taken = WriteSegment(entry.cache, [&](size_t offset, size_t n) {
+      // kDelta adds any dtype: nothing to fail
+      (void)ApplyRule({UpdateRule::kDelta}, entry.dtype,
+                      static_cast<char*>(entry.cache.data) + offset, nullptr,
+                      sum.data() + offset, 0.0, n / DTypeSize(entry.dtype));
+    });
+  }
+  Status pushed = taken.ok() ? push_(name, entry.dtype, entry.shape, sum.data(), fresh.data(), timeout_s)
+                             : taken;
+  if (pushed.ok()) pushed = AssignSegment(entry.cache, fresh.data());
+  Status released = ChangeState(entry, [&](int64_t* w) {
+    w[kPushing] = 0;
+    if (pushed.ok()) ++w[kFetches];
+  });
+  return pushed.ok() ? released : pushed;
+}
+
+Status NodeCombiner::Read(const std::string& name, DType dtype,
+                          const std::vector<int64_t>& shape, ReadMode mode, void* dst,
+                          bool* taken) {
+  *taken = false;
+  SMB_RETURN_IF_ERROR(BackgroundFailure());
+  Entry* entry = nullptr;
+  SMB_RETURN_IF_ERROR(Find(name, dtype, shape, &entry));
+  int64_t w[kWords];
+  SMB_RETURN_IF_ERROR(ReadState(*entry, w));
+  const bool mine_pending = (w[kAdded] & (int64_t{1} << peers_->rank())) != 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t fetches = static_cast<uint64_t>(w[kFetches]);
+    const bool fresh = fetches != entry->last_read_fetch;
+    if (fetches == 0 || !(fresh || mine_pending || PushInFlight(w))) return Status::Ok();
+    entry->last_read_fetch = fetches;
+  }
+  SMB_RETURN_IF_ERROR(ReadSegment(entry->cache, dst, mode));
+  std::vector<char> pending(entry->pending.bytes);
+  SMB_RETURN_IF_ERROR(ReadSegment(entry->pending, pending.data(), mode));
+  SMB_RETURN_IF_ERROR(ApplyRule({UpdateRule::kDelta}, dtype, dst, nullptr, pending.data(), 0.0,
+                                Elements(entry->pending)));
+  *taken = true;
+  return Status::Ok();
+}
+
+Status NodeCombiner::FlushAll(double timeout_s) {
+  std::vector<std::string> names;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& named : entries_) names.push_back(named.first);
+  }
+  const double deadline = MonotonicSeconds() + timeout_s;
+  for (const std::string& name : names) {
+    Entry* entry = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      entry = &entries_.at(name);
+    }
+    for (;;) {
+      bool turn = false, waiting = false;
+      SMB_RETURN_IF_ERROR(ChangeState(*entry, [&](int64_t* w) {
+        waiting = PushInFlight(w);
+        if (!waiting && w[kCount] != 0) turn = ClaimPush(w);
+      }));
+      if (turn) SMB_RETURN_IF_ERROR(PushPending(name, *entry, timeout_s));
+      if (!waiting) break;
+      if (MonotonicSeconds() > deadline) {
+        return Status(Code::kDeadlineExceeded,
+                      "timed out after " + std::to_string(static_cast<int>(timeout_s)) +
+                          "s waiting for another rank of this node to finish pushing the "
+                          "node's updates of segment '" + name + "'");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  return BackgroundFailure();
+}
+
+void NodeCombiner::ForgetReads() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& named : entries_) {
+    int64_t w[kWords];
+    if (ReadState(named.second, w).ok()) {
+      named.second.last_read_fetch = static_cast<uint64_t>(w[kFetches]);
+    }
+  }
+}
+
+bool NodeCombiner::LastFetched(const std::string& name, std::vector<char>* value) {
+  Entry* entry = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(name);
+    if (it == entries_.end()) return false;
+    entry = &it->second;
+  }
+  int64_t w[kWords];
+  if (!ReadState(*entry, w).ok() || w[kFetches] == 0) return false;
+  value->resize(entry->cache.bytes);
+  return ReadSegment(entry->cache, value->data(), ReadMode::kConsistent).ok();
+}
+
+}  // namespace smb

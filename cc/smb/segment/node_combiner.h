@@ -1,0 +1,135 @@
+// Across nodes, the asynchronous mode's pushes to a segment homed on another
+// node, combined in this node's box: each local rank adds its update to the
+// node's pending sum (`<name>@pending`) and goes on; one push a round carries
+// the sum to the home, and its reply (the segment's value after it) becomes
+// the node's copy (`<name>@cache`), which the node's ranks read, with the
+// pending sum added, instead of each fetching the segment across the link.
+// So the link carries one push and one fetch per node per round of steps,
+// not one per worker.
+//
+// Who pushes: the rank whose update makes as many updates since the last
+// push as the node has ranks (one a rank in step; a rank a slower one lags
+// behind pushes every few of its own steps: it is never held back). One push
+// per segment is in flight at a time; updates meanwhile wait for the next.
+//
+// The push runs on the combiner's own thread, so the rank whose turn it is
+// goes on computing while the sum is on the wire (its next read takes the
+// node's copy, which holds the sum already); an error there comes back from
+// the next call.
+//
+// Nothing is lost: an update is in the pending sum, in the push in flight, or
+// at the home. FlushAll pushes what is pending (a rank that finishes
+// training calls it, so the others read everything once all finished).
+// Reads: a rank takes the node's copy when another rank fetched it since
+// this rank's last read, or while an update of its own is pending or in
+// flight; otherwise it fetches the segment itself (a rank reading alone, as
+// in evaluation, always sees the home's current value).
+//
+// Only rules that add up are combined: kDelta, and kSgd as the delta
+// -learning_rate * gradient. kMomentum keeps one push per update (its
+// velocity changes per push).
+#ifndef TF_SMB_CC_SMB_SEGMENT_NODE_COMBINER_H_
+#define TF_SMB_CC_SMB_SEGMENT_NODE_COMBINER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cc/smb/box.h"
+#include "cc/smb/peers.h"
+#include "cc/smb/segment/segment_io.h"
+#include "cc/smb/segment/updaters.h"
+#include "cc/smb/status.h"
+
+namespace smb {
+
+class NodeCombiner {
+ public:
+  // Applies `delta` at the segment's home and fills `fresh` with the
+  // segment's value right after it.
+  using PushFn = std::function<Status(const std::string& name, DType dtype,
+                                      const std::vector<int64_t>& shape, const void* delta,
+                                      void* fresh, double timeout_s)>;
+
+  // `peers`: this node's ranks (with the box); `push` carries a round's sum.
+  NodeCombiner(std::shared_ptr<Peers> peers, PushFn push);
+  ~NodeCombiner();
+  NodeCombiner(const NodeCombiner&) = delete;
+  NodeCombiner& operator=(const NodeCombiner&) = delete;
+
+  static bool Combines(const UpdateOptions& options) {
+    return options.rule == UpdateRule::kDelta || options.rule == UpdateRule::kSgd;
+  }
+
+  // Adds `update` (as Updater::Apply takes it) to the node's pending sum of
+  // segment `name`, and pushes the sum when this rank's turn (see the top).
+  Status Push(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+              const UpdateOptions& options, const void* update, double learning_rate,
+              double timeout_s);
+  // dst = the node's copy plus the pending sum, when this rank may take it
+  // (*taken; see the top); else *taken is false and the caller fetches.
+  Status Read(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+              ReadMode mode, void* dst, bool* taken);
+  // Pushes every segment's pending sum (waiting for a push in flight first).
+  Status FlushAll(double timeout_s);
+  // This rank's next reads fetch from the home until another rank pushes.
+  void ForgetReads();
+  // The node's copy of `name` as last fetched; false when none was.
+  bool LastFetched(const std::string& name, std::vector<char>* value);
+
+ private:
+  struct Entry {
+    DType dtype;
+    std::vector<int64_t> shape;
+    Segment pending, cache, state;
+    uint64_t last_read_fetch = 0;  // the node's fetch count at this rank's last read
+  };
+  // The state segment's words, changed under its stripe lock.
+  // kAdded: the ranks (bits) with updates pending; kCount: how many updates;
+  // kPushing: 1 + the local rank pushing; kFetches: pushes done (each fetched).
+  enum Word { kAdded = 0, kPushing = 1, kFetches = 2, kCount = 3, kWords = 4 };
+
+  Status Find(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+              Entry** entry);
+  // Runs `change(words)` under the state segment's lock.
+  Status ChangeState(const Entry& entry, const std::function<void(int64_t* words)>& change);
+  Status ReadState(const Entry& entry, int64_t* words);
+  // Whether a push marked in flight by local rank `words[kPushing] - 1` is
+  // still owned by a live rank.
+  bool PushInFlight(const int64_t* words) const;
+  // Marks the push as this rank's (state lock held); returns true.
+  bool ClaimPush(int64_t* words) const;
+  // Takes the pending sum and pushes it (this rank claimed the push).
+  Status PushPending(const std::string& name, Entry& entry, double timeout_s);
+  // Hands a claimed push to the pushing thread.
+  void Enqueue(const std::string& name, Entry* entry, double timeout_s);
+  void PushLoop();
+  Status BackgroundFailure();
+
+  std::shared_ptr<Peers> peers_;
+  PushFn push_;
+  std::mutex mu_;
+  std::map<std::string, Entry> entries_;  // map: entries stay where they are
+
+  struct Job {
+    std::string name;
+    Entry* entry;
+    double timeout_s;
+  };
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Job> queue_;       // queue_mu_
+  bool stopping_ = false;       // queue_mu_
+  Status failure_;              // queue_mu_: the first failed push
+  std::thread pusher_;          // started with the first push
+};
+
+}  // namespace smb
+
+#endif  // TF_SMB_CC_SMB_SEGMENT_NODE_COMBINER_H_
