@@ -5,9 +5,13 @@
 // broadcast, barrier, agreement failures, the scheduler's agreed order with
 // collectives submitted from several threads in a different order on every
 // rank, failure that stops every rank, a rank that leaves, the step clock,
-// Horovod's join (ranks that ran out of data add zeros).
+// Horovod's join (ranks that ran out of data add zeros), a node's async
+// pushes combined in its box (NodeCombiner, with its pushing thread).
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <future>
@@ -22,6 +26,8 @@
 #include "cc/smb/communicator.h"
 #include "cc/smb/param_server.h"
 #include "cc/smb/scheduler.h"
+#include "cc/smb/segment/node_combiner.h"
+#include "cc/smb/transport/shm_peers.h"
 #include "cc/smb/transport/thread_peers.h"
 
 namespace {
@@ -517,6 +523,82 @@ void TestParamServer() {
 
 }  // namespace
 
+// Two local ranks (threads here, processes in a job) add +1 to a segment homed
+// on "another node" (a vector behind a mutex): every update arrives once, a
+// rank reads its own updates at once, reads are whole versions, and the
+// updates travel in at most one push per two.
+void TestNodeCombiner() {
+  constexpr int kUpdates = 300;
+  constexpr int64_t kN = 1000;
+  smb::Box::Options o;
+  o.job_id = "combiner-test-" + std::to_string(getpid());
+  o.world = 2;
+  o.heap_bytes = 1 << 20;
+  std::unique_ptr<smb::Box> made;
+  smb::Status created = smb::Box::Create(o, &made);
+  Check(created.ok(), "combiner: create box: " + created.ToString());
+  if (!created.ok()) return;
+  std::shared_ptr<smb::Box> box(std::move(made));
+  std::mutex home_mu;
+  std::vector<float> home(kN, 0.0f);
+  std::atomic<int> pushes{0};
+  auto push = [&](const std::string& name, smb::DType, const std::vector<int64_t>& shape,
+                  const void* delta, void* fresh, double) -> smb::Status {
+    if (name != "w" || shape != std::vector<int64_t>{kN}) return smb::InvalidArgument(name);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));  // on the wire
+    std::lock_guard<std::mutex> lock(home_mu);
+    const float* d = static_cast<const float*>(delta);
+    for (int64_t i = 0; i < kN; ++i) home[i] += d[i];
+    std::copy(home.begin(), home.end(), static_cast<float*>(fresh));
+    ++pushes;
+    return smb::Status::Ok();
+  };
+  auto fetch = [&](float* dst) {
+    std::lock_guard<std::mutex> lock(home_mu);
+    std::copy(home.begin(), home.end(), dst);
+  };
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      std::unique_ptr<smb::ShmPeers> joined;
+      smb::Status s = smb::ShmPeers::Join(box, rank, &joined);
+      Check(s.ok(), "combiner: join: " + s.ToString());
+      if (!s.ok()) return;
+      smb::NodeCombiner combiner(std::shared_ptr<smb::Peers>(std::move(joined)), push);
+      std::vector<float> one(kN, 1.0f), minus_one(kN, -1.0f), read(kN);
+      bool taken = true;
+      s = combiner.Read("w", smb::DType::kFloat32, {kN}, smb::ReadMode::kConsistent,
+                        read.data(), 10, &taken);
+      Check(s.ok() && !taken, "combiner: nothing fetched yet, the caller fetches");
+      for (int u = 1; u <= kUpdates; ++u) {
+        // Rank 1 pushes gradients of -1 at rate 1 (kSgd): +1 as well.
+        s = rank == 0 ? combiner.Push("w", smb::DType::kFloat32, {kN}, {smb::UpdateRule::kDelta},
+                                      one.data(), 0.0, 10)
+                      : combiner.Push("w", smb::DType::kFloat32, {kN}, {smb::UpdateRule::kSgd},
+                                      minus_one.data(), 1.0, 10);
+        Check(s.ok(), "combiner: push: " + s.ToString());
+        if (u % 7 != 0) continue;
+        s = combiner.Read("w", smb::DType::kFloat32, {kN}, smb::ReadMode::kConsistent,
+                          read.data(), 10, &taken);
+        if (!taken) fetch(read.data());
+        Check(s.ok() && read[0] >= u && read[0] <= 2 * kUpdates &&
+                  std::all_of(read.begin(), read.end(), [&](float v) { return v == read[0]; }),
+              "combiner: rank " + std::to_string(rank) + " read " + std::to_string(read[0]) +
+                  " after its " + std::to_string(u) + " updates, whole and its own included");
+      }
+      s = combiner.FlushAll(10);
+      Check(s.ok(), "combiner: flush: " + s.ToString());
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  Check(std::all_of(home.begin(), home.end(), [](float v) { return v == 2 * kUpdates; }),
+        "combiner: home holds every update once: " + std::to_string(home[0]));
+  Check(pushes > 0 && pushes <= kUpdates + 2,
+        "combiner: " + std::to_string(pushes.load()) + " pushes carried " +
+            std::to_string(2 * kUpdates) + " updates");
+  box->Unlink();
+}
+
 int main() {
   TestReplicaSum();
   TestParamServer();
@@ -531,6 +613,7 @@ int main() {
   TestGoneRankFailsTheOthers();
   TestStepClock();
   TestWaitAllFinishedWaitsForTheSameRound();
+  TestNodeCombiner();
   if (failures == 0) std::printf("collectives_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }

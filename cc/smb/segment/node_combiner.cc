@@ -116,7 +116,11 @@ Status NodeCombiner::Push(const std::string& name, DType dtype,
   SMB_RETURN_IF_ERROR(ChangeState(*entry, [&](int64_t* w) {
     w[kAdded] |= int64_t{1} << peers_->rank();
     ++w[kCount];
-    if (!PushInFlight(w) && w[kCount] >= peers_->world()) turn = ClaimPush(w);
+    // The node's first push goes at once: until a push fetched it, the node
+    // has no copy to read.
+    if (!PushInFlight(w) && (w[kCount] >= peers_->world() || w[kFetches] == 0)) {
+      turn = ClaimPush(w);
+    }
   }));
   if (turn) Enqueue(name, entry, timeout_s);
   return BackgroundFailure();
@@ -132,14 +136,15 @@ bool NodeCombiner::ClaimPush(int64_t* words) const {
 Status NodeCombiner::PushPending(const std::string& name, Entry& entry, double timeout_s) {
   const size_t bytes = entry.pending.bytes;
   std::vector<char> sum(bytes), fresh(bytes);
-  Status taken = WriteSegment(entry.pending, [&](size_t offset, size_t n) {
+  Status taken = ChangeState(entry, [](int64_t* w) { ++w[kMoving]; });
+  if (taken.ok()) taken = WriteSegment(entry.pending, [&](size_t offset, size_t n) {
     char* p = static_cast<char*>(entry.pending.data) + offset;
     std::memcpy(sum.data() + offset, p, n);
     std::memset(p, 0, n);
   });
   // Readers take copy + pending: the sum moves into the copy until the home's
-  // value replaces it, so no read misses it meanwhile (nor counts it twice:
-  // Read takes the copy before the pending sum).
+  // value replaces it, so no read misses it meanwhile, nor counts it twice
+  // (kMoving odd).
   if (taken.ok()) {
     taken = WriteSegment(entry.cache, [&](size_t offset, size_t n) {
       // kDelta adds any dtype: nothing to fail
@@ -148,6 +153,8 @@ Status NodeCombiner::PushPending(const std::string& name, Entry& entry, double t
                       sum.data() + offset, 0.0, n / DTypeSize(entry.dtype));
     });
   }
+  Status moved = ChangeState(entry, [](int64_t* w) { ++w[kMoving]; });
+  if (taken.ok()) taken = moved;
   Status pushed = taken.ok() ? push_(name, entry.dtype, entry.shape, sum.data(), fresh.data(), timeout_s)
                              : taken;
   if (pushed.ok()) pushed = AssignSegment(entry.cache, fresh.data());
@@ -160,14 +167,28 @@ Status NodeCombiner::PushPending(const std::string& name, Entry& entry, double t
 
 Status NodeCombiner::Read(const std::string& name, DType dtype,
                           const std::vector<int64_t>& shape, ReadMode mode, void* dst,
-                          bool* taken) {
+                          double timeout_s, bool* taken) {
   *taken = false;
   SMB_RETURN_IF_ERROR(BackgroundFailure());
   Entry* entry = nullptr;
   SMB_RETURN_IF_ERROR(Find(name, dtype, shape, &entry));
   int64_t w[kWords];
   SMB_RETURN_IF_ERROR(ReadState(*entry, w));
-  const bool mine_pending = (w[kAdded] & (int64_t{1} << peers_->rank())) != 0;
+  bool mine_pending = (w[kAdded] & (int64_t{1} << peers_->rank())) != 0;
+  // Updates of this node on their way before its first fetch: no copy holds
+  // them yet, nor (surely) the home; the push brings one.
+  const double deadline = MonotonicSeconds() + timeout_s;
+  while (w[kFetches] == 0 && PushInFlight(w)) {
+    if (MonotonicSeconds() > deadline) {
+      return Status(Code::kDeadlineExceeded,
+                    "timed out after " + std::to_string(static_cast<int>(timeout_s)) +
+                        "s waiting for this node's first push of segment '" + name + "'");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    SMB_RETURN_IF_ERROR(BackgroundFailure());
+    SMB_RETURN_IF_ERROR(ReadState(*entry, w));
+    mine_pending = (w[kAdded] & (int64_t{1} << peers_->rank())) != 0;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t fetches = static_cast<uint64_t>(w[kFetches]);
@@ -175,9 +196,24 @@ Status NodeCombiner::Read(const std::string& name, DType dtype,
     if (fetches == 0 || !(fresh || mine_pending || PushInFlight(w))) return Status::Ok();
     entry->last_read_fetch = fetches;
   }
-  SMB_RETURN_IF_ERROR(ReadSegment(entry->cache, dst, mode));
   std::vector<char> pending(entry->pending.bytes);
-  SMB_RETURN_IF_ERROR(ReadSegment(entry->pending, pending.data(), mode));
+  for (int64_t moving = w[kMoving];; moving = w[kMoving]) {
+    if (moving % 2 == 0) {
+      SMB_RETURN_IF_ERROR(ReadSegment(entry->cache, dst, mode));
+      SMB_RETURN_IF_ERROR(ReadSegment(entry->pending, pending.data(), mode));
+      SMB_RETURN_IF_ERROR(ReadState(*entry, w));
+      if (w[kMoving] == moving) break;
+    } else {
+      std::this_thread::yield();
+      SMB_RETURN_IF_ERROR(ReadState(*entry, w));
+    }
+    if (MonotonicSeconds() > deadline) {
+      return Status(Code::kDeadlineExceeded, "timed out after " +
+                                                 std::to_string(static_cast<int>(timeout_s)) +
+                                                 "s reading this node's copy of segment '" +
+                                                 name + "'");
+    }
+  }
   SMB_RETURN_IF_ERROR(ApplyRule({UpdateRule::kDelta}, dtype, dst, nullptr, pending.data(), 0.0,
                                 Elements(entry->pending)));
   *taken = true;

@@ -7,7 +7,8 @@
 // So the link carries one push and one fetch per node per round of steps,
 // not one per worker.
 //
-// Who pushes: the rank whose update makes as many updates since the last
+// Who pushes: the first update of the node (which brings the node its first
+// copy), then the rank whose update makes as many updates since the last
 // push as the node has ranks (one a rank in step; a rank a slower one lags
 // behind pushes every few of its own steps: it is never held back). One push
 // per segment is in flight at a time; updates meanwhile wait for the next.
@@ -75,7 +76,7 @@ class NodeCombiner {
   // dst = the node's copy plus the pending sum, when this rank may take it
   // (*taken; see the top); else *taken is false and the caller fetches.
   Status Read(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-              ReadMode mode, void* dst, bool* taken);
+              ReadMode mode, void* dst, double timeout_s, bool* taken);
   // Pushes every segment's pending sum (waiting for a push in flight first).
   Status FlushAll(double timeout_s);
   // This rank's next reads fetch from the home until another rank pushes.
@@ -92,8 +93,10 @@ class NodeCombiner {
   };
   // The state segment's words, changed under its stripe lock.
   // kAdded: the ranks (bits) with updates pending; kCount: how many updates;
-  // kPushing: 1 + the local rank pushing; kFetches: pushes done (each fetched).
-  enum Word { kAdded = 0, kPushing = 1, kFetches = 2, kCount = 3, kWords = 4 };
+  // kPushing: 1 + the local rank pushing; kFetches: pushes done (each fetched);
+  // kMoving: odd while a push moves the pending sum into the copy (readers
+  // of copy + pending retry, as on a stripe's sequence number).
+  enum Word { kAdded = 0, kPushing, kFetches, kCount, kMoving, kWords = 8 };
 
   Status Find(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
               Entry** entry);

@@ -89,7 +89,7 @@ Status SegmentTable::Read(const std::string& name, DType dtype,
     int home = 0;
     SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
     bool taken = false;
-    if (Remote(home)) SMB_RETURN_IF_ERROR(combiner_->Read(name, dtype, shape, mode, dst, &taken));
+    if (Remote(home)) SMB_RETURN_IF_ERROR(combiner_->Read(name, dtype, shape, mode, dst, timeout_s, &taken));
     if (taken) return Status::Ok();
   }
   return AtHome(
