@@ -557,19 +557,26 @@ void TestNodeCombiner() {
     std::lock_guard<std::mutex> lock(home_mu);
     std::copy(home.begin(), home.end(), dst);
   };
+  std::atomic<int> read_first{0};
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < 2; ++rank) {
     ranks.emplace_back([&, rank] {
       std::unique_ptr<smb::ShmPeers> joined;
       smb::Status s = smb::ShmPeers::Join(box, rank, &joined);
       Check(s.ok(), "combiner: join: " + s.ToString());
-      if (!s.ok()) return;
+      if (!s.ok()) {
+        read_first += 2;  // the other rank need not wait
+        return;
+      }
       smb::NodeCombiner combiner(std::shared_ptr<smb::Peers>(std::move(joined)), push);
       std::vector<float> one(kN, 1.0f), minus_one(kN, -1.0f), read(kN);
       bool taken = true;
       s = combiner.Read("w", smb::DType::kFloat32, {kN}, smb::ReadMode::kConsistent,
                         read.data(), 10, &taken);
       Check(s.ok() && !taken, "combiner: nothing fetched yet, the caller fetches");
+      // Both read before either pushes (a push would give the node its copy).
+      ++read_first;
+      while (read_first < 2) std::this_thread::yield();
       for (int u = 1; u <= kUpdates; ++u) {
         // Rank 1 pushes gradients of -1 at rate 1 (kSgd): +1 as well.
         s = rank == 0 ? combiner.Push("w", smb::DType::kFloat32, {kN}, {smb::UpdateRule::kDelta},

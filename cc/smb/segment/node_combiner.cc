@@ -136,7 +136,10 @@ bool NodeCombiner::ClaimPush(int64_t* words) const {
 Status NodeCombiner::PushPending(const std::string& name, Entry& entry, double timeout_s) {
   const size_t bytes = entry.pending.bytes;
   std::vector<char> sum(bytes), fresh(bytes);
-  Status taken = ChangeState(entry, [](int64_t* w) { ++w[kMoving]; });
+  Status taken = ChangeState(entry, [](int64_t* w) {
+    w[kMoving] = 1;
+    ++w[kMoves];
+  });
   if (taken.ok()) taken = WriteSegment(entry.pending, [&](size_t offset, size_t n) {
     char* p = static_cast<char*>(entry.pending.data) + offset;
     std::memcpy(sum.data() + offset, p, n);
@@ -144,7 +147,7 @@ Status NodeCombiner::PushPending(const std::string& name, Entry& entry, double t
   });
   // Readers take copy + pending: the sum moves into the copy until the home's
   // value replaces it, so no read misses it meanwhile, nor counts it twice
-  // (kMoving odd).
+  // (kMoving, kMoves).
   if (taken.ok()) {
     taken = WriteSegment(entry.cache, [&](size_t offset, size_t n) {
       // kDelta adds any dtype: nothing to fail
@@ -153,7 +156,7 @@ Status NodeCombiner::PushPending(const std::string& name, Entry& entry, double t
                       sum.data() + offset, 0.0, n / DTypeSize(entry.dtype));
     });
   }
-  Status moved = ChangeState(entry, [](int64_t* w) { ++w[kMoving]; });
+  Status moved = ChangeState(entry, [](int64_t* w) { w[kMoving] = 0; });
   if (taken.ok()) taken = moved;
   Status pushed = taken.ok() ? push_(name, entry.dtype, entry.shape, sum.data(), fresh.data(), timeout_s)
                              : taken;
@@ -197,12 +200,16 @@ Status NodeCombiner::Read(const std::string& name, DType dtype,
     entry->last_read_fetch = fetches;
   }
   std::vector<char> pending(entry->pending.bytes);
-  for (int64_t moving = w[kMoving];; moving = w[kMoving]) {
-    if (moving % 2 == 0) {
+  // A move under way by a live rank: wait it out; then read, and again if one
+  // started meanwhile.
+  auto moving = [&] { return w[kMoving] != 0 && PushInFlight(w); };
+  for (;;) {
+    if (!moving()) {
+      const int64_t moves = w[kMoves];
       SMB_RETURN_IF_ERROR(ReadSegment(entry->cache, dst, mode));
       SMB_RETURN_IF_ERROR(ReadSegment(entry->pending, pending.data(), mode));
       SMB_RETURN_IF_ERROR(ReadState(*entry, w));
-      if (w[kMoving] == moving) break;
+      if (w[kMoves] == moves && !moving()) break;
     } else {
       std::this_thread::yield();
       SMB_RETURN_IF_ERROR(ReadState(*entry, w));

@@ -94,9 +94,11 @@ class NodeCombiner {
   // The state segment's words, changed under its stripe lock.
   // kAdded: the ranks (bits) with updates pending; kCount: how many updates;
   // kPushing: 1 + the local rank pushing; kFetches: pushes done (each fetched);
-  // kMoving: odd while a push moves the pending sum into the copy (readers
-  // of copy + pending retry, as on a stripe's sequence number).
-  enum Word { kAdded = 0, kPushing, kFetches, kCount, kMoving, kWords = 8 };
+  // kMoving: 1 while the push moves the pending sum into the copy, and
+  // kMoves counts such moves: readers of copy + pending retry when one
+  // overlapped their read (a flag, not a parity: a rank that died moving
+  // leaves it set until the next push, which readers then need not wait for).
+  enum Word { kAdded = 0, kPushing, kFetches, kCount, kMoving, kMoves, kWords = 8 };
 
   Status Find(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
               Entry** entry);
