@@ -229,6 +229,8 @@ def test_survivors_finish_when_a_node_is_lost(nodes, tmp_path, how):
                 assert time.time() < deadline, "the survivors did not reach epoch 3"
                 time.sleep(0.5)
             time.sleep(max(0.0, stopped_at + LOST_AFTER_S + 3 - time.time()))
+            early = [r for r in survivors if (tmp_path / f"rank{r}.json").exists()]
+            assert not early, f"rank(s) {early} finished before node 1 was woken"
             nodes.kill_in_node(1, "digits_async", signal.SIGCONT)
             while nodes.kill_in_node(1, "digits_async", 0):  # signal 0: still there?
                 assert time.time() < deadline, "node 1's woken ranks did not stop"

@@ -524,15 +524,7 @@ class SmbBarrierOp : public AsyncOpKernel {
   }
   void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
     SubmitCollective(c, done, attrs_, "barrier", [](smb::Communicator* comm) {
-      // Past a barrier every push made before it is home and read back
-      // (the asynchronous mode's pushes combined per node: NodeCombiner).
-      smb::SegmentTable* segments = comm->segments();
-      if (segments != nullptr) {
-        TF_RETURN_IF_ERROR(ToTfStatus(segments->FlushCombined(comm->timeout_s())));
-      }
-      TF_RETURN_IF_ERROR(ToTfStatus(comm->Barrier()));
-      if (segments != nullptr) segments->ForgetCombinedReads();
-      return absl::OkStatus();
+      return ToTfStatus(comm->Barrier());
     });
   }
 

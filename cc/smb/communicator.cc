@@ -122,7 +122,12 @@ Status Communicator::Broadcast(int root, const std::vector<TensorRef>& tensors) 
 
 Status Communicator::Barrier() {
   if (group_.alone()) return Status::Ok();
-  return group_.Agree("barrier", "barrier");
+  // Past a barrier every push made before it is home and read back (the
+  // asynchronous mode's pushes combined per node: NodeCombiner).
+  if (segments_ != nullptr) SMB_RETURN_IF_ERROR(segments_->FlushCombined(timeout_s()));
+  SMB_RETURN_IF_ERROR(group_.Agree("barrier", "barrier"));
+  if (segments_ != nullptr) segments_->ForgetCombinedReads();
+  return Status::Ok();
 }
 
 Status Communicator::FinishJoin(int* last_rank) {

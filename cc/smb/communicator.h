@@ -78,6 +78,7 @@ class Communicator {
                             std::vector<void*>* sums, std::shared_ptr<ResultHold>* hold);
   // out = root's in, for every tensor.
   Status Broadcast(int root, const std::vector<TensorRef>& tensors);
+  // Every rank of the group arrives (pushes combined per node go home first).
   Status Barrier();
   // The collective that ends a join (CollectiveScheduler::SubmitJoin), once
   // every rank has joined: no rank takes part for another any more, and

@@ -1,8 +1,8 @@
 """keras_digits' data and model under SMBStrategy(mode="async"), with hooks
 for tests: slow one rank down, kill one mid-epoch, or (--marker_dir) hold
 every rank at the start of epoch --kill_epoch until the test has killed a node
-and writes <marker_dir>/go (and write each epoch's number to
-<marker_dir>/epoch<r>). Prints a JSON line (and writes it to
+and writes <marker_dir>/go (and again at --rehold_epoch until <marker_dir>/go_on).
+Prints a JSON line (and writes it to
 <marker_dir>/rank<r>.json and <result_dir>/rank<r>.json)."""
 import argparse
 import json
@@ -77,9 +77,6 @@ def main():
             self.announced.append(self.params["steps"])
             self.trained.append(0)
             self.validated.append(0)
-            if a.marker_dir:
-                with open(os.path.join(a.marker_dir, f"epoch{rank}"), "w") as f:
-                    f.write(str(epoch))
             if a.marker_dir and epoch == a.kill_epoch:
                 hold("held", "go")
             if a.marker_dir and epoch == a.rehold_epoch:

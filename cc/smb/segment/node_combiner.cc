@@ -11,6 +11,40 @@ namespace {
 
 size_t Elements(const Segment& s) { return s.bytes / DTypeSize(s.dtype); }
 
+// Polls `done(bool*)` (which may fail) until it sets its flag, pausing
+// `pause` between polls (zero: yield), for at most `timeout_s`; the error
+// then says "timed out after Ns <what> '<name>'".
+template <typename DoneFn>
+Status PollUntil(double timeout_s, std::chrono::microseconds pause, const char* what,
+                 const std::string& name, DoneFn done) {
+  const double deadline = MonotonicSeconds() + timeout_s;
+  for (;;) {
+    bool finished = false;
+    SMB_RETURN_IF_ERROR(done(&finished));
+    if (finished) return Status::Ok();
+    if (MonotonicSeconds() > deadline) {
+      return Status(Code::kDeadlineExceeded, "timed out after " +
+                                                 std::to_string(static_cast<int>(timeout_s)) +
+                                                 "s " + what + " '" + name + "'");
+    }
+    if (pause.count() == 0) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(pause);
+    }
+  }
+}
+
+// A buffer of at least `bytes`, one per thread, kept between calls (reads and
+// pushes run every step: no allocation each time; a thread keeps the largest
+// remote segment it read).
+std::vector<char>& Scratch(int which, size_t bytes) {
+  thread_local std::vector<char> buffers[2];
+  std::vector<char>& buffer = buffers[which];
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer;
+}
+
 }  // namespace
 
 NodeCombiner::NodeCombiner(std::shared_ptr<Peers> peers, PushFn push)
@@ -118,31 +152,30 @@ Status NodeCombiner::Push(const std::string& name, DType dtype,
     ++w[kCount];
     // The node's first push goes at once: until a push fetched it, the node
     // has no copy to read.
-    if (!PushInFlight(w) && (w[kCount] >= peers_->world() || w[kFetches] == 0)) {
-      turn = ClaimPush(w);
-    }
+    turn = !PushInFlight(w) && (w[kCount] >= peers_->world() || w[kFetches] == 0);
+    if (turn) ClaimPush(w);
   }));
   if (turn) Enqueue(name, entry, timeout_s);
   return BackgroundFailure();
 }
 
-bool NodeCombiner::ClaimPush(int64_t* words) const {
+void NodeCombiner::ClaimPush(int64_t* words) const {
   words[kAdded] = 0;
   words[kCount] = 0;
   words[kPushing] = peers_->rank() + 1;
-  return true;
 }
 
 Status NodeCombiner::PushPending(const std::string& name, Entry& entry, double timeout_s) {
   const size_t bytes = entry.pending.bytes;
-  std::vector<char> sum(bytes), fresh(bytes);
+  char* sum = Scratch(0, bytes).data();
+  char* fresh = Scratch(1, bytes).data();
   Status taken = ChangeState(entry, [](int64_t* w) {
     w[kMoving] = 1;
     ++w[kMoves];
   });
   if (taken.ok()) taken = WriteSegment(entry.pending, [&](size_t offset, size_t n) {
     char* p = static_cast<char*>(entry.pending.data) + offset;
-    std::memcpy(sum.data() + offset, p, n);
+    std::memcpy(sum + offset, p, n);
     std::memset(p, 0, n);
   });
   // Readers take copy + pending: the sum moves into the copy until the home's
@@ -153,14 +186,14 @@ Status NodeCombiner::PushPending(const std::string& name, Entry& entry, double t
       // kDelta adds any dtype: nothing to fail
       (void)ApplyRule({UpdateRule::kDelta}, entry.dtype,
                       static_cast<char*>(entry.cache.data) + offset, nullptr,
-                      sum.data() + offset, 0.0, n / DTypeSize(entry.dtype));
+                      sum + offset, 0.0, n / DTypeSize(entry.dtype));
     });
   }
   Status moved = ChangeState(entry, [](int64_t* w) { w[kMoving] = 0; });
   if (taken.ok()) taken = moved;
-  Status pushed = taken.ok() ? push_(name, entry.dtype, entry.shape, sum.data(), fresh.data(), timeout_s)
-                             : taken;
-  if (pushed.ok()) pushed = AssignSegment(entry.cache, fresh.data());
+  Status pushed = taken;
+  if (pushed.ok()) pushed = push_(name, entry.dtype, entry.shape, sum, fresh, timeout_s);
+  if (pushed.ok()) pushed = AssignSegment(entry.cache, fresh);
   Status released = ChangeState(entry, [&](int64_t* w) {
     w[kPushing] = 0;
     if (pushed.ok()) ++w[kFetches];
@@ -176,53 +209,43 @@ Status NodeCombiner::Read(const std::string& name, DType dtype,
   Entry* entry = nullptr;
   SMB_RETURN_IF_ERROR(Find(name, dtype, shape, &entry));
   int64_t w[kWords];
-  SMB_RETURN_IF_ERROR(ReadState(*entry, w));
-  bool mine_pending = (w[kAdded] & (int64_t{1} << peers_->rank())) != 0;
   // Updates of this node on their way before its first fetch: no copy holds
   // them yet, nor (surely) the home; the push brings one.
-  const double deadline = MonotonicSeconds() + timeout_s;
-  while (w[kFetches] == 0 && PushInFlight(w)) {
-    if (MonotonicSeconds() > deadline) {
-      return Status(Code::kDeadlineExceeded,
-                    "timed out after " + std::to_string(static_cast<int>(timeout_s)) +
-                        "s waiting for this node's first push of segment '" + name + "'");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-    SMB_RETURN_IF_ERROR(BackgroundFailure());
-    SMB_RETURN_IF_ERROR(ReadState(*entry, w));
-    mine_pending = (w[kAdded] & (int64_t{1} << peers_->rank())) != 0;
-  }
+  SMB_RETURN_IF_ERROR(PollUntil(
+      timeout_s, std::chrono::microseconds(100),
+      "waiting for this node's first push of segment", name, [&](bool* done) {
+        SMB_RETURN_IF_ERROR(BackgroundFailure());
+        SMB_RETURN_IF_ERROR(ReadState(*entry, w));
+        *done = w[kFetches] != 0 || !PushInFlight(w);
+        return Status::Ok();
+      }));
   {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t fetches = static_cast<uint64_t>(w[kFetches]);
     const bool fresh = fetches != entry->last_read_fetch;
+    const bool mine_pending = (w[kAdded] & (int64_t{1} << peers_->rank())) != 0;
     if (fetches == 0 || !(fresh || mine_pending || PushInFlight(w))) return Status::Ok();
     entry->last_read_fetch = fetches;
   }
-  std::vector<char> pending(entry->pending.bytes);
+  char* pending = Scratch(0, entry->pending.bytes).data();
   // A move under way by a live rank: wait it out; then read, and again if one
   // started meanwhile.
   auto moving = [&] { return w[kMoving] != 0 && PushInFlight(w); };
-  for (;;) {
-    if (!moving()) {
-      const int64_t moves = w[kMoves];
-      SMB_RETURN_IF_ERROR(ReadSegment(entry->cache, dst, mode));
-      SMB_RETURN_IF_ERROR(ReadSegment(entry->pending, pending.data(), mode));
-      SMB_RETURN_IF_ERROR(ReadState(*entry, w));
-      if (w[kMoves] == moves && !moving()) break;
-    } else {
-      std::this_thread::yield();
-      SMB_RETURN_IF_ERROR(ReadState(*entry, w));
-    }
-    if (MonotonicSeconds() > deadline) {
-      return Status(Code::kDeadlineExceeded, "timed out after " +
-                                                 std::to_string(static_cast<int>(timeout_s)) +
-                                                 "s reading this node's copy of segment '" +
-                                                 name + "'");
-    }
-  }
-  SMB_RETURN_IF_ERROR(ApplyRule({UpdateRule::kDelta}, dtype, dst, nullptr, pending.data(), 0.0,
-                                Elements(entry->pending)));
+  SMB_RETURN_IF_ERROR(PollUntil(
+      timeout_s, std::chrono::microseconds(0),
+      "reading this node's copy of segment", name, [&](bool* done) {
+        if (!moving()) {
+          const int64_t moves = w[kMoves];
+          SMB_RETURN_IF_ERROR(ReadSegment(entry->cache, dst, mode));
+          SMB_RETURN_IF_ERROR(ReadSegment(entry->pending, pending, mode));
+          SMB_RETURN_IF_ERROR(ReadState(*entry, w));
+          *done = w[kMoves] == moves && !moving();
+          return Status::Ok();
+        }
+        return ReadState(*entry, w);
+      }));
+  SMB_RETURN_IF_ERROR(
+      ApplyRule({UpdateRule::kDelta}, dtype, dst, nullptr, pending, 0.0, Elements(entry->pending)));
   *taken = true;
   return Status::Ok();
 }
@@ -233,29 +256,28 @@ Status NodeCombiner::FlushAll(double timeout_s) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& named : entries_) names.push_back(named.first);
   }
-  const double deadline = MonotonicSeconds() + timeout_s;
   for (const std::string& name : names) {
     Entry* entry = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       entry = &entries_.at(name);
     }
-    for (;;) {
-      bool turn = false, waiting = false;
-      SMB_RETURN_IF_ERROR(ChangeState(*entry, [&](int64_t* w) {
-        waiting = PushInFlight(w);
-        if (!waiting && w[kCount] != 0) turn = ClaimPush(w);
-      }));
-      if (turn) SMB_RETURN_IF_ERROR(PushPending(name, *entry, timeout_s));
-      if (!waiting) break;
-      if (MonotonicSeconds() > deadline) {
-        return Status(Code::kDeadlineExceeded,
-                      "timed out after " + std::to_string(static_cast<int>(timeout_s)) +
-                          "s waiting for another rank of this node to finish pushing the "
-                          "node's updates of segment '" + name + "'");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
+    SMB_RETURN_IF_ERROR(PollUntil(
+        timeout_s, std::chrono::microseconds(200),
+        "waiting for another rank of this node to finish pushing the node's updates of "
+        "segment",
+        name,
+        [&](bool* done) {
+          bool turn = false, waiting = false;
+          SMB_RETURN_IF_ERROR(ChangeState(*entry, [&](int64_t* w) {
+            waiting = PushInFlight(w);
+            turn = !waiting && w[kCount] != 0;
+            if (turn) ClaimPush(w);
+          }));
+          if (turn) SMB_RETURN_IF_ERROR(PushPending(name, *entry, timeout_s));
+          *done = !waiting;
+          return Status::Ok();
+        }));
   }
   return BackgroundFailure();
 }

@@ -108,8 +108,8 @@ class NodeCombiner {
   // Whether a push marked in flight by local rank `words[kPushing] - 1` is
   // still owned by a live rank.
   bool PushInFlight(const int64_t* words) const;
-  // Marks the push as this rank's (state lock held); returns true.
-  bool ClaimPush(int64_t* words) const;
+  // Marks the push as this rank's (state lock held).
+  void ClaimPush(int64_t* words) const;
   // Takes the pending sum and pushes it (this rank claimed the push).
   Status PushPending(const std::string& name, Entry& entry, double timeout_s);
   // Hands a claimed push to the pushing thread.

@@ -85,11 +85,13 @@ Status SegmentTable::Create(const std::string& name, DType dtype,
 Status SegmentTable::Read(const std::string& name, DType dtype,
                           const std::vector<int64_t>& shape, ReadMode mode, void* dst,
                           double timeout_s, bool bulk) {
+  int home = -1;
   if (combining_) {
-    int home = 0;
     SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
     bool taken = false;
-    if (Remote(home)) SMB_RETURN_IF_ERROR(combiner_->Read(name, dtype, shape, mode, dst, timeout_s, &taken));
+    if (Remote(home)) {
+      SMB_RETURN_IF_ERROR(combiner_->Read(name, dtype, shape, mode, dst, timeout_s, &taken));
+    }
     if (taken) return Status::Ok();
   }
   return AtHome(
@@ -105,15 +107,16 @@ Status SegmentTable::Read(const std::string& name, DType dtype,
           KeepCopy(name, dst, bytes);
         }
         return read;
-      });
+      },
+      home);
 }
 
 Status SegmentTable::Update(const std::string& name, DType dtype,
                             const std::vector<int64_t>& shape, const UpdateOptions& options,
                             const void* update, double learning_rate, double timeout_s,
                             void* read_back, bool bulk) {
+  int home = -1;
   if (combining_ && NodeCombiner::Combines(options)) {
-    int home = 0;
     SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
     if (Remote(home)) {
       SMB_RETURN_IF_ERROR(
@@ -137,7 +140,8 @@ Status SegmentTable::Update(const std::string& name, DType dtype,
                                                  nullptr, 0, timeout_s);
         pushed_remotely = pushed.ok();
         return pushed;
-      });
+      },
+      home);
   if (updated.ok() && pushed_remotely && read_back != nullptr) {
     // A second call, never retried with the push: other ranks' pushes may land
     // in between, as they may between any push and read.
@@ -158,14 +162,9 @@ Status SegmentTable::PushAndFetch(const std::string& name, DType dtype,
         SegmentRequest request = Request(SegmentRequest::Kind::kUpdate, name, dtype, shape);
         request.rule = static_cast<int32_t>(UpdateRule::kDelta);
         request.read_back = true;
+        // No KeepCopy: the node's copy (NodeCombiner::LastFetched) holds `fresh`.
         const size_t bytes = Bytes(dtype, shape);
-        Status pushed =
-            link_->CallSegmentServer(home, request, delta, bytes, fresh, bytes, timeout_s);
-        if (pushed.ok()) {
-          std::lock_guard<std::mutex> lock(mu_);
-          KeepCopy(name, fresh, bytes);
-        }
-        return pushed;
+        return link_->CallSegmentServer(home, request, delta, bytes, fresh, bytes, timeout_s);
       });
 }
 

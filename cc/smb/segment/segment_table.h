@@ -102,12 +102,15 @@ class SegmentTable {
   // Runs `local(segment)` when the segment's home is this node, else
   // `remote(home)`, a call to the home's memory server, again while
   // RetryAfterLoss says so (the home may move to another node meanwhile).
+  // `known_home`: the home a caller just found with CurrentHome (-1: none).
   template <typename LocalFn, typename RemoteFn>
   Status AtHome(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-                double timeout_s, LocalFn local, RemoteFn remote) {
+                double timeout_s, LocalFn local, RemoteFn remote, int known_home = -1) {
     for (int attempt = 0;; ++attempt) {
-      int home = 0;
-      SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
+      int home = known_home;
+      if (attempt > 0 || home < 0) {
+        SMB_RETURN_IF_ERROR(CurrentHome(name, dtype, shape, timeout_s, &home));
+      }
       if (!Remote(home)) {
         Segment segment;
         SMB_RETURN_IF_ERROR(Local(name, dtype, shape, &segment));
