@@ -105,7 +105,9 @@ struct NodeVerdict {
   uint64_t hash;  // of the description; 0 when the node failed to agree
   uint32_t failed;  // 0, or 1 + the smb::Code of the node's failure
   uint32_t len;
-  char text[kDescTextBytes - 16];  // the description, or why the node failed
+  // The description, or why the node failed: for messages only (the hash
+  // decides), so cut to what a message needs and the exchange stays small.
+  char text[2016];
   char payload[kAgreePayloadBytes];  // data riding on the agreement (see AgreeHere)
 };
 

@@ -25,7 +25,9 @@ namespace smb {
 class Box;
 
 constexpr int kMaxWorld = 128;
-constexpr size_t kDescBytes = 2048;  // one collective's description per rank
+// One collective's description per rank: 14-25 bytes a tensor, so 300-500
+// tensors fit (a joined rank reads a collective's tensors from it).
+constexpr size_t kDescBytes = 8192;
 constexpr int kMaxResults = 8;       // all-reduce result buffers in the heap
 constexpr int kMaxPending = 256;     // collectives one rank may have waiting to run
 

@@ -303,6 +303,30 @@ void TestJoin(int world) {
               Where("join: step " + std::to_string(step) + " of " + std::to_string(n) + ": " +
                         s.ToString(), world, rank));
       }
+      // A model's worth of gradients in one collective (ResNet-50 has 161):
+      // a joined rank reads all their shapes from the description.
+      constexpr int kTensors = 400;
+      std::vector<std::vector<float>> ins, outs;
+      std::vector<smb::TensorRef> refs;
+      for (int i = 0; i < kTensors; ++i) {
+        const int64_t rows = 1 + i % 7;
+        ins.emplace_back(rows * 3, static_cast<float>(rank + 1));
+        outs.emplace_back(rows * 3, -1.0f);
+      }
+      for (int i = 0; i < kTensors; ++i) {
+        refs.push_back({smb::DType::kFloat32, {1 + i % 7, 3}, ins[i].data(), outs[i].data()});
+      }
+      const smb::Status many = run("many", [&](smb::Communicator* c) {
+        return c->AllReduceSum(refs);
+      });
+      const float want = static_cast<float>((world * (world + 1) - step * (step + 1)) / 2);
+      bool right = many.ok();
+      for (const auto& o : outs) {
+        right = right && std::all_of(o.begin(), o.end(), [want](float v) { return v == want; });
+      }
+      Check(right, Where("join: step " + std::to_string(step) + ", " +
+                             std::to_string(kTensors) + " tensors: " + many.ToString(),
+                         world, rank));
     }
     if (rank == world - 1) {  // the others have joined (or are about to)
       std::vector<int32_t> value = {42};

@@ -102,7 +102,7 @@ Status ServeAsJoined(Group& group) {
     return group.Fail(Status(
         Code::kInvalidArgument,
         who + ", and the others' collective is too long to describe for it to take part (" +
-            text.substr(text.rfind('\n') + 1, 60) + "...): about 80 tensors fit; fuse fewer "
+            text.substr(text.rfind('\n') + 1, 60) + "...): 300-500 tensors fit; fuse fewer "
             "tensors per collective"));
   }
   const size_t line = text.rfind('\n');
