@@ -35,15 +35,24 @@ Status PollUntil(double timeout_s, std::chrono::microseconds pause, const char* 
   }
 }
 
-// A buffer of at least `bytes`, one per thread, kept between calls (reads and
-// pushes run every step: no allocation each time; a thread keeps the largest
-// remote segment it read).
-std::vector<char>& Scratch(int which, size_t bytes) {
-  thread_local std::vector<char> buffers[2];
-  std::vector<char>& buffer = buffers[which];
-  if (buffer.size() < bytes) buffer.resize(bytes);
-  return buffer;
-}
+// A buffer of `bytes`: up to kKeptBytes one kept per thread between calls
+// (reads and pushes run every step: no allocation each time); above, a
+// fresh one, so no thread holds on to a large segment's worth of memory.
+class Scratch {
+ public:
+  static constexpr size_t kKeptBytes = size_t{8} << 20;
+  Scratch(int which, size_t bytes) {
+    thread_local std::vector<char> kept[2];
+    std::vector<char>& buffer = bytes <= kKeptBytes ? kept[which] : own_;
+    if (buffer.size() < bytes) buffer.resize(bytes);
+    data_ = buffer.data();
+  }
+  char* data() const { return data_; }
+
+ private:
+  std::vector<char> own_;
+  char* data_ = nullptr;
+};
 
 }  // namespace
 
@@ -216,8 +225,9 @@ void NodeCombiner::ClaimPush(int64_t* words) const {
 
 Status NodeCombiner::PushPending(const std::string& name, Entry& entry, double timeout_s) {
   const size_t bytes = entry.pending.bytes;
-  char* sum = Scratch(0, bytes).data();
-  char* fresh = Scratch(1, bytes).data();
+  Scratch sum_buffer(0, bytes), fresh_buffer(1, bytes);
+  char* sum = sum_buffer.data();
+  char* fresh = fresh_buffer.data();
   Status taken = ChangeState(entry, [](int64_t* w) {
     w[kMoving] = 1;
     ++w[kMoves];
@@ -276,7 +286,8 @@ Status NodeCombiner::Read(const std::string& name, DType dtype,
     if (fetches == 0 || !(fresh || mine_pending || PushInFlight(w))) return Status::Ok();
     entry->last_read_fetch = fetches;
   }
-  char* pending = Scratch(0, entry->pending.bytes).data();
+  Scratch pending_buffer(0, entry->pending.bytes);
+  char* pending = pending_buffer.data();
   // A move under way by a live rank: wait it out; then read, and again if one
   // started meanwhile.
   auto moving = [&] { return w[kMoving] != 0 && PushInFlight(w); };
