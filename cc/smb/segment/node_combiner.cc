@@ -78,9 +78,7 @@ void NodeCombiner::Enqueue(const std::string& name, Entry* entry, double timeout
 }
 
 void NodeCombiner::StartPusher() {
-  if (pusher_.joinable()) return;
-  pusher_ = std::thread([this] { PushLoop(); });
-  pusher_started_.store(true, std::memory_order_release);
+  if (!pusher_.joinable()) pusher_ = std::thread([this] { PushLoop(); });
 }
 
 void NodeCombiner::PushLoop() {
@@ -117,21 +115,13 @@ Status NodeCombiner::PushIdle() {
       std::lock_guard<std::mutex> lock(queue_mu_);
       if (stopping_) return Status::Ok();
     }
-    // Unchanged since the last look: nobody added, nobody pushed. (Read
-    // first: the state is written, so its readers retry, only to claim.)
-    auto idle = [&, entry = entry](const int64_t* w) {
-      return !PushInFlight(w) && w[kCount] != 0 && w[kFetches] != 0 &&
-             w[kCount] == entry->idle_count && w[kFetches] == entry->idle_fetches;
-    };
-    int64_t seen[kWords];
-    SMB_RETURN_IF_ERROR(ReadState(*entry, seen));
-    const bool was_idle = idle(seen);
-    entry->idle_count = seen[kCount];
-    entry->idle_fetches = seen[kFetches];
-    if (!was_idle) continue;
     bool turn = false;
-    SMB_RETURN_IF_ERROR(ChangeState(*entry, [&](int64_t* w) {
-      turn = idle(w);
+    SMB_RETURN_IF_ERROR(ChangeState(*entry, [&, entry = entry](int64_t* w) {
+      // Unchanged since the last look: nobody added, nobody pushed.
+      turn = !PushInFlight(w) && w[kCount] != 0 && w[kFetches] != 0 &&
+             w[kCount] == entry->idle_count && w[kFetches] == entry->idle_fetches;
+      entry->idle_count = w[kCount];
+      entry->idle_fetches = w[kFetches];
       if (turn) ClaimPush(w);
     }));
     if (turn) SMB_RETURN_IF_ERROR(PushPending(name, *entry, timeout_s_.load()));
@@ -189,7 +179,7 @@ Status NodeCombiner::Push(const std::string& name, DType dtype,
   Entry* entry = nullptr;
   SMB_RETURN_IF_ERROR(Find(name, dtype, shape, &entry));
   timeout_s_.store(timeout_s);
-  if (!pusher_started_.load(std::memory_order_acquire)) {
+  {
     std::lock_guard<std::mutex> lock(queue_mu_);
     StartPusher();  // its idle pushes cover this update too
   }

@@ -146,7 +146,6 @@ class NodeCombiner {
   bool stopping_ = false;       // queue_mu_
   Status failure_;              // queue_mu_: the first failed push
   std::thread pusher_;          // started with the first push
-  std::atomic<bool> pusher_started_{false};
 };
 
 }  // namespace smb
