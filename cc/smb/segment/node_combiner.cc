@@ -56,8 +56,8 @@ class Scratch {
 
 }  // namespace
 
-NodeCombiner::NodeCombiner(std::shared_ptr<Peers> peers, PushFn push, double idle_flush_s)
-    : peers_(std::move(peers)), push_(std::move(push)), idle_flush_s_(idle_flush_s) {}
+NodeCombiner::NodeCombiner(std::shared_ptr<Peers> peers, PushFn push)
+    : peers_(std::move(peers)), push_(std::move(push)) {}
 
 NodeCombiner::~NodeCombiner() {
   {
@@ -71,62 +71,28 @@ NodeCombiner::~NodeCombiner() {
 void NodeCombiner::Enqueue(const std::string& name, Entry* entry, double timeout_s) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    StartPusher();
+    if (!pusher_.joinable()) pusher_ = std::thread([this] { PushLoop(); });
     queue_.push_back({name, entry, timeout_s});
   }
   queue_cv_.notify_all();
 }
 
-void NodeCombiner::StartPusher() {
-  if (!pusher_.joinable()) pusher_ = std::thread([this] { PushLoop(); });
-}
-
 void NodeCombiner::PushLoop() {
-  const auto idle = std::chrono::duration<double>(idle_flush_s_);
   for (;;) {
-    Job job{"", nullptr, 0.0};
+    Job job;
     {
       std::unique_lock<std::mutex> lock(queue_mu_);
-      queue_cv_.wait_for(lock, idle, [&] { return stopping_ || !queue_.empty(); });
-      if (!queue_.empty()) {
-        job = queue_.front();
-        queue_.pop_front();
-      } else if (stopping_) {
-        return;
-      }
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      job = queue_.front();
+      queue_.pop_front();
     }
-    Status pushed = job.entry != nullptr ? PushPending(job.name, *job.entry, job.timeout_s)
-                                         : PushIdle();
+    Status pushed = PushPending(job.name, *job.entry, job.timeout_s);
     if (!pushed.ok()) {
       std::lock_guard<std::mutex> lock(queue_mu_);
       if (failure_.ok()) failure_ = pushed;
     }
   }
-}
-
-Status NodeCombiner::PushIdle() {
-  std::vector<std::pair<std::string, Entry*>> entries;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& named : entries_) entries.emplace_back(named.first, &named.second);
-  }
-  for (auto& [name, entry] : entries) {
-    {
-      std::lock_guard<std::mutex> lock(queue_mu_);
-      if (stopping_) return Status::Ok();
-    }
-    bool turn = false;
-    SMB_RETURN_IF_ERROR(ChangeState(*entry, [&, entry = entry](int64_t* w) {
-      // Unchanged since the last look: nobody added, nobody pushed.
-      turn = !PushInFlight(w) && w[kCount] != 0 && w[kFetches] != 0 &&
-             w[kCount] == entry->idle_count && w[kFetches] == entry->idle_fetches;
-      entry->idle_count = w[kCount];
-      entry->idle_fetches = w[kFetches];
-      if (turn) ClaimPush(w);
-    }));
-    if (turn) SMB_RETURN_IF_ERROR(PushPending(name, *entry, timeout_s_.load()));
-  }
-  return Status::Ok();
 }
 
 Status NodeCombiner::BackgroundFailure() {
@@ -178,11 +144,6 @@ Status NodeCombiner::Push(const std::string& name, DType dtype,
                           const void* update, double learning_rate, double timeout_s) {
   Entry* entry = nullptr;
   SMB_RETURN_IF_ERROR(Find(name, dtype, shape, &entry));
-  timeout_s_.store(timeout_s);
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    StartPusher();  // its idle pushes cover this update too
-  }
   const size_t element = DTypeSize(dtype);
   Status applied;
   Status added = WriteSegment(entry->pending, [&](size_t offset, size_t bytes) {
