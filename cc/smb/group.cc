@@ -100,14 +100,16 @@ Status Disagreement(const std::string& agreement, const std::vector<std::string>
                     "with its next collective");
 }
 
+// A verdict's text: for messages only (the hash decides), so cut to what a
+// message needs and the exchange between nodes stays small.
+constexpr size_t kVerdictTextBytes = 2016;
+
 // One node's verdict on a collective, as exchanged between nodes.
 struct NodeVerdict {
   uint64_t hash;  // of the description; 0 when the node failed to agree
   uint32_t failed;  // 0, or 1 + the smb::Code of the node's failure
   uint32_t len;
-  // The description, or why the node failed: for messages only (the hash
-  // decides), so cut to what a message needs and the exchange stays small.
-  char text[2016];
+  char text[kVerdictTextBytes];  // the description, or why the node failed
   char payload[kAgreePayloadBytes];  // data riding on the agreement (see AgreeHere)
 };
 

@@ -215,7 +215,6 @@ Status NodeCombiner::Read(const std::string& name, DType dtype,
                           const std::vector<int64_t>& shape, ReadMode mode, void* dst,
                           double timeout_s, bool* taken) {
   *taken = false;
-  SMB_RETURN_IF_ERROR(BackgroundFailure());
   Entry* entry = nullptr;
   SMB_RETURN_IF_ERROR(Find(name, dtype, shape, &entry));
   int64_t w[kWords];
