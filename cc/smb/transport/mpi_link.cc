@@ -19,6 +19,7 @@ Status StartMpiLink(const MpiLinkOptions&, std::shared_ptr<NodeLink>*) {
 #else  // TF_SMB_WITH_MPI
 
 #include <mpi.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -57,9 +58,11 @@ constexpr int kTagToRankZero = 20;      // a rank -> rank 0: bytes (SendToRankZe
 // default mpirun ends the whole job when a rank dies.
 constexpr double kHeartbeatS = 0.5;
 constexpr double kLostAfterS = 10;
-// A pass of the thread's loop this much later than the last one means the
-// process was stopped or starved: the others' silence meanwhile says nothing.
+// A watchdog tick this much later than due means the process was stopped or
+// starved: the others' silence meanwhile says nothing.
 constexpr double kStalledS = 2;
+// The link's thread inside one MPI call this long is stuck there for good.
+constexpr double kStuckS = 3 * kLostAfterS;
 
 // A segment request on the wire: this header, then the payload.
 struct WireRequest {
@@ -166,7 +169,6 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   }
   void KeepGoingWithoutLostRanks() override { keep_going_ = true; }
   bool NodeLost(int node) const override {
-    std::lock_guard<std::mutex> lock(mu_);
     for (int local = 0; local < local_size_; ++local) {
       if (!lost_[JobRank(node, local)]) return false;
     }
@@ -178,6 +180,10 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   // The thread; `self` keeps the link alive while it runs.
   static void Loop(std::shared_ptr<MpiLink> self, MpiLinkOptions options);
   void Work(const MpiLinkOptions& options);
+  // The watchdog thread: finds the other nodes' silent ranks, and notices the
+  // link's thread stuck inside MPI (Open MPI may hang after a peer dies).
+  void Watch();
+  void StopWatch();
   Status Run(const std::shared_ptr<Op>& op, const std::string& what, double timeout_s);
   Status Enqueue(const std::shared_ptr<Op>& op);
   Status Await(const Op& op, const std::string& what, double timeout_s);
@@ -211,7 +217,14 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   MPI_Op sum_half_ = MPI_OP_NULL, sum_bfloat16_ = MPI_OP_NULL;
 
   std::thread thread_;
+  std::thread watchdog_;
+  std::atomic<uint64_t> passes_{0};  // of the thread's loop, for the watchdog
   mutable std::mutex mu_;
+  std::condition_variable watch_cv_;  // wakes the watchdog to end
+  bool watch_stop_ = false;
+  // The thread made no pass for kStuckS while the process ran: it is stuck
+  // inside MPI, and the exit does not wait for it (mu_).
+  bool stuck_ = false;
   std::condition_variable work_cv_;  // wakes the thread
   std::condition_variable done_cv_;  // wakes callers
   bool started_ = false;             // Setup finished (see setup_)
@@ -263,19 +276,17 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   std::deque<std::pair<int, std::vector<char>>> unserved_;  // requests before a server
   bool sent_leaving_ = false;
   int leaving_ = 0;
-  // Liveness of the other nodes' ranks (thread only).
-  std::vector<double> last_heard_;  // by job rank
-  std::vector<bool> left_;          // sent kTagLeaving
-  std::vector<bool> told_lost_;     // sent kTagDeclaredLost
+  // Liveness of the other nodes' ranks, by job rank: the thread hears, the
+  // watchdog judges (atomics: both read them without mu_).
+  std::unique_ptr<std::atomic<double>[]> last_heard_;
+  std::unique_ptr<std::atomic<bool>[]> left_;  // sent kTagLeaving
+  std::unique_ptr<std::atomic<bool>[]> lost_;  // set by the watchdog, under mu_
+  std::vector<bool> told_lost_;     // sent kTagDeclaredLost (thread only)
   double next_heartbeat_ = 0;
-  double last_pass_ = 0;            // when the loop last looked at liveness
   std::atomic<bool> peers_lost_{false};  // a rank is gone: never MPI_Finalize
   std::atomic<bool> keep_going_{false};  // see KeepGoingWithoutLostRanks
-  std::vector<bool> lost_;               // by job rank (written on the thread, under mu_)
   std::string lost_names_;               // "2 (node 1), 3 (node 1)" (mu_)
-  void CheckLiveness(double now);
-  // Thread only, without mu_: only the thread writes lost_ (under mu_, for
-  // the other threads' readers), and it asks on every send.
+  void CheckLiveness(double now, bool link_stuck);  // on the watchdog
   bool Lost(int rank) const { return lost_[rank]; }
   // Every other rank sent kTagLeaving or is lost (thread only).
   bool OthersGone() const;
@@ -295,6 +306,7 @@ Status MpiLink::Begin(const MpiLinkOptions& options) {
                       "s starting MPI between nodes: do all " + std::to_string(options.world) +
                       " ranks create tf_smb.SMBStrategy() (or call tf_smb.init())?");
   }
+  if (setup_.ok() && nodes_ > 1) watchdog_ = std::thread(&MpiLink::Watch, this);
   return setup_;
 }
 
@@ -367,14 +379,28 @@ Status MpiLink::Setup(const MpiLinkOptions& options) {
     offers_.assign(nodes_, {});
     applied_by_node_.assign(nodes_, 0);
   }
-  last_heard_.assign(world_, MonotonicSeconds());
-  left_.assign(world_, false);
-  lost_.assign(world_, false);
+  last_heard_ = std::make_unique<std::atomic<double>[]>(world_);
+  left_ = std::make_unique<std::atomic<bool>[]>(world_);
+  lost_ = std::make_unique<std::atomic<bool>[]>(world_);
+  const double now = MonotonicSeconds();
+  for (int r = 0; r < world_; ++r) {
+    last_heard_[r] = now;
+    left_[r] = false;
+    lost_[r] = false;
+  }
   told_lost_.assign(world_, false);
   return Status::Ok();
 }
 
+// Named, so that a debugger, top -H or a test finds them.
+void NameThisThread(const char* name) {
+#ifdef __linux__
+  pthread_setname_np(pthread_self(), name);
+#endif
+}
+
 void MpiLink::Loop(std::shared_ptr<MpiLink> self, MpiLinkOptions options) {
+  NameThisThread("smb_link");
   self->Work(options);
 }
 
@@ -400,6 +426,7 @@ void MpiLink::Work(const MpiLinkOptions& options) {
   constexpr double kIdleSleepS = 1e-3, kInFlightSleepS = 50e-6;
   double idle_s = 0;
   for (;;) {
+    ++passes_;
     bool busy = false;
     std::deque<std::shared_ptr<Op>> starting;
     std::vector<uint64_t> offer;
@@ -485,16 +512,11 @@ void MpiLink::Work(const MpiLinkOptions& options) {
     }
     if (nodes_ > 1) {
       const double now = MonotonicSeconds();
-      if (last_pass_ > 0 && now - last_pass_ > kStalledS) {
-        for (double& heard : last_heard_) heard = std::max(heard, now);
-      }
-      last_pass_ = now;
       if (now >= next_heartbeat_) {
         next_heartbeat_ = now + kHeartbeatS;
         for (int r = 0; r < world_; ++r) {
           if (node_of_[r] != node_) Send(r, kTagHeartbeat, {});
         }
-        CheckLiveness(now);
       }
     }
     if (stop) {
@@ -541,33 +563,84 @@ void MpiLink::Work(const MpiLinkOptions& options) {
 }
 
 bool MpiLink::OthersGone() const {
-  std::lock_guard<std::mutex> lock(mu_);
   for (int r = 0; r < world_; ++r) {
-    if (r != rank_ && !left_[r] && !lost_[r]) return false;
+    // Once a rank is lost nobody finalizes, and this node's ranks never call
+    // this rank's server (they share the box): only other nodes' ranks count.
+    const bool needed = !(peers_lost_ && node_of_[r] == node_);
+    if (r != rank_ && needed && !left_[r] && !lost_[r]) return false;
   }
   return true;
 }
 
-void MpiLink::CheckLiveness(double now) {
+void MpiLink::Watch() {
+  NameThisThread("smb_watchdog");
+  const auto excuse_silence = [this](double now) {  // nobody could be heard
+    for (int r = 0; r < world_; ++r) last_heard_[r] = std::max(last_heard_[r].load(), now);
+  };
+  uint64_t seen = passes_;
+  double last_tick = MonotonicSeconds(), moved_at = last_tick;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!watch_stop_) {
+    watch_cv_.wait_for(lock, std::chrono::duration<double>(kHeartbeatS));
+    if (watch_stop_) break;
+    const double now = MonotonicSeconds();
+    const uint64_t passes = passes_;
+    if (now - last_tick > kStalledS) {  // the process was stopped or starved
+      excuse_silence(now);
+      moved_at = now;
+    }
+    if (passes != seen) {
+      if (now - moved_at > kStalledS) excuse_silence(now);  // a long MPI call ended
+      moved_at = now;
+    }
+    seen = passes;
+    last_tick = now;
+    // The thread polls at least every millisecond; a long pass is a blocking
+    // MPI call (receiving a large message), and one that never returns is
+    // stuck (seen with Open MPI 4.1's TCP transport after a peer died
+    // mid-message): that thread hears no one any more.
+    const double still_s = now - moved_at;
+    const bool link_stuck = still_s >= kStuckS;
+    if (link_stuck && !stuck_) {
+      stuck_ = true;
+      done_cv_.notify_all();  // the exit stops waiting for the thread
+    }
+    if (still_s > kStalledS && !link_stuck) continue;  // cannot hear: cannot judge yet
+    lock.unlock();
+    CheckLiveness(now, link_stuck);
+    lock.lock();
+  }
+}
+
+void MpiLink::StopWatch() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watch_stop_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+void MpiLink::CheckLiveness(double now, bool link_stuck) {
   if (!Failure().ok()) return;
   std::vector<int> silent;
   std::string lost;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (int r = 0; r < world_; ++r) {
-      if (node_of_[r] == node_ || left_[r] || lost_[r] || now - last_heard_[r] < kLostAfterS) {
-        continue;
-      }
-      silent.push_back(r);
-      lost += (lost.empty() ? "" : ", ") + std::to_string(r) + " (node " +
-              std::to_string(node_of_[r]) + ")";
+  for (int r = 0; r < world_; ++r) {
+    if (node_of_[r] == node_ || left_[r] || lost_[r] || now - last_heard_[r] < kLostAfterS) {
+      continue;
     }
+    silent.push_back(r);
+    lost += (lost.empty() ? "" : ", ") + std::to_string(r) + " (node " +
+            std::to_string(node_of_[r]) + ")";
   }
   if (silent.empty()) return;
   peers_lost_ = true;
-  const std::string what = "rank(s) " + lost + " sent nothing for " +
-                           std::to_string(static_cast<int>(kLostAfterS)) +
-                           " s: lost (their node died or was cut off)";
+  const std::string what =
+      "rank(s) " + lost + " sent nothing for " + std::to_string(static_cast<int>(kLostAfterS)) +
+      " s: lost (their node died or was cut off" +
+      (link_stuck ? "; this rank's MPI thread is stuck in an MPI call, as Open MPI can be "
+                    "after a peer died, so it hears no one)"
+                  : ")");
   if (keep_going_) {
     // The asynchronous mode goes on without them: their clocks count as
     // finished, calls waiting on them end (SegmentTable moves the segments
@@ -606,17 +679,23 @@ void MpiLink::Stop() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!thread_.joinable()) return;
   if (std::this_thread::get_id() == thread_.get_id()) {
+    lock.unlock();
+    StopWatch();
     thread_.detach();  // the thread let go of the last reference: it is ending
     return;
   }
   stop_ = true;
   work_cv_.notify_all();
-  // Never hang the exit on peers that are gone: after the wait (short when
-  // the job failed), leave the thread (which keeps the link alive) to the OS.
+  // Never hang the exit on peers that are gone, nor on a thread stuck in MPI:
+  // after the wait (short when the job failed), leave the thread (which keeps
+  // the link alive) to the OS.
   const double wait_s = failure_.ok() ? finalize_wait_s_ : kFailedFinalizeWaitS;
-  if (done_cv_.wait_for(lock, std::chrono::duration<double>(wait_s),
-                        [&] { return finished_; })) {
-    lock.unlock();
+  const bool finished = done_cv_.wait_for(lock, std::chrono::duration<double>(wait_s),
+                                          [&] { return finished_ || stuck_; }) &&
+                        finished_;
+  lock.unlock();
+  StopWatch();
+  if (finished) {
     thread_.join();
   } else {
     thread_.detach();
