@@ -25,6 +25,7 @@
 #include "cc/smb/algorithms/replica_sum.h"
 #include "cc/smb/communicator.h"
 #include "cc/smb/param_server.h"
+#include "cc/smb/process.h"
 #include "cc/smb/scheduler.h"
 #include "cc/smb/segment/node_combiner.h"
 #include "cc/smb/transport/shm_peers.h"
@@ -581,7 +582,7 @@ void TestNodeCombiner() {
     std::lock_guard<std::mutex> lock(home_mu);
     std::copy(home.begin(), home.end(), dst);
   };
-  std::atomic<int> read_first{0};
+  std::atomic<int> read_first{0}, looped{0};
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < 2; ++rank) {
     ranks.emplace_back([&, rank] {
@@ -592,7 +593,8 @@ void TestNodeCombiner() {
         read_first += 2;  // the other rank need not wait
         return;
       }
-      smb::NodeCombiner combiner(std::shared_ptr<smb::Peers>(std::move(joined)), push);
+      // Idle pushes after 0.2-0.4 s: they do not thin out the main loop's combining.
+      smb::NodeCombiner combiner(std::shared_ptr<smb::Peers>(std::move(joined)), push, 0.2);
       std::vector<float> one(kN, 1.0f), minus_one(kN, -1.0f), read(kN);
       bool taken = true;
       s = combiner.Read("w", smb::DType::kFloat32, {kN}, smb::ReadMode::kConsistent,
@@ -619,12 +621,32 @@ void TestNodeCombiner() {
       }
       s = combiner.FlushAll(10);
       Check(s.ok(), "combiner: flush: " + s.ToString());
+      // Then one update, short of a round (2), and nobody pushes or flushes:
+      // it goes home on its own once it sat unchanged.
+      ++looped;
+      while (looped < 2) std::this_thread::yield();
+      if (rank == 0) {
+        s = combiner.Push("w", smb::DType::kFloat32, {kN}, {smb::UpdateRule::kDelta}, one.data(),
+                          0.0, 10);
+        Check(s.ok(), "combiner: last push: " + s.ToString());
+      }
+      const double deadline = smb::MonotonicSeconds() + 10;
+      float at_home = 0;
+      while (smb::MonotonicSeconds() < deadline) {
+        fetch(read.data());
+        at_home = read[0];
+        if (at_home == 2 * kUpdates + 1) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      Check(at_home == 2 * kUpdates + 1,
+            "combiner: rank " + std::to_string(rank) + ": the home holds " +
+                std::to_string(at_home) + " 10 s after the last update, not every update");
     });
   }
   for (std::thread& t : ranks) t.join();
-  Check(std::all_of(home.begin(), home.end(), [](float v) { return v == 2 * kUpdates; }),
+  Check(std::all_of(home.begin(), home.end(), [](float v) { return v == 2 * kUpdates + 1; }),
         "combiner: home holds every update once: " + std::to_string(home[0]));
-  Check(pushes > 0 && pushes <= kUpdates + 2,
+  Check(pushes > 0 && pushes <= kUpdates + 4,
         "combiner: " + std::to_string(pushes.load()) + " pushes carried " +
             std::to_string(2 * kUpdates) + " updates");
   box->Unlink();

@@ -56,8 +56,8 @@ class Scratch {
 
 }  // namespace
 
-NodeCombiner::NodeCombiner(std::shared_ptr<Peers> peers, PushFn push)
-    : peers_(std::move(peers)), push_(std::move(push)) {}
+NodeCombiner::NodeCombiner(std::shared_ptr<Peers> peers, PushFn push, double idle_flush_s)
+    : peers_(std::move(peers)), push_(std::move(push)), idle_flush_s_(idle_flush_s) {}
 
 NodeCombiner::~NodeCombiner() {
   {
@@ -71,28 +71,72 @@ NodeCombiner::~NodeCombiner() {
 void NodeCombiner::Enqueue(const std::string& name, Entry* entry, double timeout_s) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    if (!pusher_.joinable()) pusher_ = std::thread([this] { PushLoop(); });
+    StartPusher();
     queue_.push_back({name, entry, timeout_s});
   }
   queue_cv_.notify_all();
 }
 
+void NodeCombiner::StartPusher() {
+  if (pusher_.joinable()) return;
+  pusher_ = std::thread([this] { PushLoop(); });
+  pusher_started_.store(true, std::memory_order_release);
+}
+
 void NodeCombiner::PushLoop() {
+  const auto idle = std::chrono::duration<double>(idle_flush_s_);
   for (;;) {
-    Job job;
+    Job job{"", nullptr, 0.0};
     {
       std::unique_lock<std::mutex> lock(queue_mu_);
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, nothing left
-      job = queue_.front();
-      queue_.pop_front();
+      queue_cv_.wait_for(lock, idle, [&] { return stopping_ || !queue_.empty(); });
+      if (!queue_.empty()) {
+        job = queue_.front();
+        queue_.pop_front();
+      } else if (stopping_) {
+        return;
+      }
     }
-    Status pushed = PushPending(job.name, *job.entry, job.timeout_s);
+    Status pushed = job.entry != nullptr ? PushPending(job.name, *job.entry, job.timeout_s)
+                                         : PushIdle();
     if (!pushed.ok()) {
       std::lock_guard<std::mutex> lock(queue_mu_);
       if (failure_.ok()) failure_ = pushed;
     }
   }
+}
+
+Status NodeCombiner::PushIdle() {
+  std::vector<std::pair<std::string, Entry*>> entries;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& named : entries_) entries.emplace_back(named.first, &named.second);
+  }
+  for (auto& [name, entry] : entries) {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      if (stopping_) return Status::Ok();
+    }
+    // Unchanged since the last look: nobody added, nobody pushed. (Read
+    // first: the state is written, so its readers retry, only to claim.)
+    auto idle = [&, entry = entry](const int64_t* w) {
+      return !PushInFlight(w) && w[kCount] != 0 && w[kFetches] != 0 &&
+             w[kCount] == entry->idle_count && w[kFetches] == entry->idle_fetches;
+    };
+    int64_t seen[kWords];
+    SMB_RETURN_IF_ERROR(ReadState(*entry, seen));
+    const bool was_idle = idle(seen);
+    entry->idle_count = seen[kCount];
+    entry->idle_fetches = seen[kFetches];
+    if (!was_idle) continue;
+    bool turn = false;
+    SMB_RETURN_IF_ERROR(ChangeState(*entry, [&](int64_t* w) {
+      turn = idle(w);
+      if (turn) ClaimPush(w);
+    }));
+    if (turn) SMB_RETURN_IF_ERROR(PushPending(name, *entry, timeout_s_.load()));
+  }
+  return Status::Ok();
 }
 
 Status NodeCombiner::BackgroundFailure() {
@@ -144,6 +188,11 @@ Status NodeCombiner::Push(const std::string& name, DType dtype,
                           const void* update, double learning_rate, double timeout_s) {
   Entry* entry = nullptr;
   SMB_RETURN_IF_ERROR(Find(name, dtype, shape, &entry));
+  timeout_s_.store(timeout_s);
+  if (!pusher_started_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    StartPusher();  // its idle pushes cover this update too
+  }
   const size_t element = DTypeSize(dtype);
   Status applied;
   Status added = WriteSegment(entry->pending, [&](size_t offset, size_t bytes) {

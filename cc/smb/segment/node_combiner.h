@@ -20,7 +20,10 @@
 //
 // Nothing is lost: an update is in the pending sum, in the push in flight, or
 // at the home. FlushAll pushes what is pending (a rank that finishes
-// training calls it, so the others read everything once all finished).
+// training calls it, so the others read everything once all finished). Nor
+// does an update wait for the next: a sum that sat unchanged, with no push
+// in flight, for `idle_flush_s` is pushed by any of the node's ranks' threads
+// (a node whose ranks stopped pushing, or one that died after adding).
 // Reads: a rank takes the node's copy when another rank fetched it since
 // this rank's last read, or while an update of its own is pending or in
 // flight; otherwise it fetches the segment itself (a rank reading alone, as
@@ -32,6 +35,7 @@
 #ifndef TF_SMB_CC_SMB_SEGMENT_NODE_COMBINER_H_
 #define TF_SMB_CC_SMB_SEGMENT_NODE_COMBINER_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -58,8 +62,10 @@ class NodeCombiner {
                                       const std::vector<int64_t>& shape, const void* delta,
                                       void* fresh, double timeout_s)>;
 
+  static constexpr double kIdleFlushS = 0.05;
+
   // `peers`: this node's ranks (with the box); `push` carries a round's sum.
-  NodeCombiner(std::shared_ptr<Peers> peers, PushFn push);
+  NodeCombiner(std::shared_ptr<Peers> peers, PushFn push, double idle_flush_s = kIdleFlushS);
   ~NodeCombiner();
   NodeCombiner(const NodeCombiner&) = delete;
   NodeCombiner& operator=(const NodeCombiner&) = delete;
@@ -90,6 +96,8 @@ class NodeCombiner {
     std::vector<int64_t> shape;
     Segment pending, cache, state;
     uint64_t last_read_fetch = 0;  // the node's fetch count at this rank's last read
+    // The pushing thread's last look (PushIdle): kCount and kFetches.
+    int64_t idle_count = 0, idle_fetches = -1;
   };
   // The state segment's words, changed under its stripe lock.
   // kAdded: the ranks (bits) with updates pending; kCount: how many updates;
@@ -114,11 +122,16 @@ class NodeCombiner {
   Status PushPending(const std::string& name, Entry& entry, double timeout_s);
   // Hands a claimed push to the pushing thread.
   void Enqueue(const std::string& name, Entry* entry, double timeout_s);
+  void StartPusher();  // queue_mu_ held
   void PushLoop();
+  // Pushes the sums that sat unchanged since the last look (see the top).
+  Status PushIdle();
   Status BackgroundFailure();
 
   std::shared_ptr<Peers> peers_;
   PushFn push_;
+  const double idle_flush_s_;
+  std::atomic<double> timeout_s_{0.0};  // the latest Push's, for idle pushes
   std::mutex mu_;
   std::map<std::string, Entry> entries_;  // map: entries stay where they are
 
@@ -133,6 +146,7 @@ class NodeCombiner {
   bool stopping_ = false;       // queue_mu_
   Status failure_;              // queue_mu_: the first failed push
   std::thread pusher_;          // started with the first push
+  std::atomic<bool> pusher_started_{false};
 };
 
 }  // namespace smb
