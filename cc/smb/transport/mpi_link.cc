@@ -257,7 +257,7 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   // Sends in flight (thread only), and sends other threads posted (mu_).
   struct Sending {
     MPI_Request request;
-    int to;
+    int to, tag;
     std::shared_ptr<std::vector<char>> buffer;
   };
   std::vector<Sending> sends_;
@@ -514,8 +514,14 @@ void MpiLink::Work(const MpiLinkOptions& options) {
       const double now = MonotonicSeconds();
       if (now >= next_heartbeat_) {
         next_heartbeat_ = now + kHeartbeatS;
+        // One heartbeat in flight per rank: to a rank that died, each new
+        // send would be another failed connect in Open MPI's TCP transport.
+        std::vector<bool> beating(world_, false);
+        for (const Sending& s : sends_) {
+          if (s.tag == kTagHeartbeat) beating[s.to] = true;
+        }
         for (int r = 0; r < world_; ++r) {
-          if (node_of_[r] != node_) Send(r, kTagHeartbeat, {});
+          if (node_of_[r] != node_ && !beating[r]) Send(r, kTagHeartbeat, {});
         }
       }
     }
@@ -708,7 +714,7 @@ void MpiLink::Send(int to, int tag, std::vector<char> bytes, bool even_if_lost) 
   MPI_Request request;
   if (MPI_Isend(buffer->data(), static_cast<int>(buffer->size()), MPI_BYTE, to, tag, control_,
                 &request) == MPI_SUCCESS) {
-    sends_.push_back({request, to, std::move(buffer)});
+    sends_.push_back({request, to, tag, std::move(buffer)});
   }
 }
 
