@@ -219,6 +219,7 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   std::thread thread_;
   std::thread watchdog_;
   std::atomic<uint64_t> passes_{0};  // of the thread's loop, for the watchdog
+  std::atomic<bool> polling_{true};  // the thread is in its loop (not finalizing)
   mutable std::mutex mu_;
   std::condition_variable watch_cv_;  // wakes the watchdog to end
   bool watch_stop_ = false;
@@ -553,6 +554,7 @@ void MpiLink::Work(const MpiLinkOptions& options) {
              !failure_to_send_.ok() || !outbox_.empty();
     });
   }
+  polling_ = false;  // MPI_Finalize may block a while: not a stuck call
   // Every rank finalizes (else mpirun calls the job failed), unless an
   // operation is stuck on a peer, or a peer is gone: MPI_Finalize would wait
   // for it forever.
@@ -589,6 +591,7 @@ void MpiLink::Watch() {
   while (!watch_stop_) {
     watch_cv_.wait_for(lock, std::chrono::duration<double>(kHeartbeatS));
     if (watch_stop_) break;
+    if (!polling_) break;  // the thread left its loop (finalizing, or failed)
     const double now = MonotonicSeconds();
     const uint64_t passes = passes_;
     if (now - last_tick > kStalledS) {  // the process was stopped or starved
