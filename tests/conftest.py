@@ -18,6 +18,7 @@ QUICK = (
     "test_env.py",
     "test_layers.py",
     "test_structure.py",
+    "test_worker_mode.py",
     "test_strategy.py",
     "test_keras_optimizer.py::test_clipping_after_sum_equals_one_process_on_global_batch",
     "test_async.py::test_workers_end_with_the_boxs_final_values",

@@ -3,7 +3,8 @@ share: one replica per process, variables that start equal on every worker
 (broadcast from rank 0), gradients summed over workers by a collectives
 backend (tf_smb/collectives.py), sharded input, and reductions and gathers
 over workers. The two strategies differ only in their backend, and in
-SMBStrategy's asynchronous mode (tf_smb/async_mode.py), which plugs in here.
+SMBStrategy's asynchronous mode (tf_smb/async_mode.py), which plugs in here as a
+worker mode (tf_smb/worker_mode.py: what sync and async answer differently).
 
     class MyStrategy(DataParallelStrategy):
         def __init__(self):
@@ -45,6 +46,7 @@ from tf_smb import env as env_lib
 from tf_smb import phase
 from tf_smb.collectives import Collectives
 from tf_smb.iterator_release import distributed_dataset, distributed_datasets_from_function
+from tf_smb.worker_mode import InStep, WorkerMode
 
 if TYPE_CHECKING:
     from tf_smb.async_mode import AsyncEngine, BoxSegment
@@ -171,17 +173,18 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
       job: this worker's rank and the number of workers.
       collectives: what combines tensors across workers.
       device: the local device.
-      async_engine: SMBStrategy(mode="async") with 2+ workers: trainable
-        variables live in the box and workers do not wait for each other.
+      mode: how the workers train together (tf_smb/worker_mode.py); InStep
+        when None. SMBStrategy(mode="async") with 2+ workers gives an
+        Independent one whose engine holds the trainable variables in the box.
     """
 
     def __init__(self, container_strategy: "DataParallelStrategy", job: env_lib.JobInfo,
                  collectives: Collectives, device: str = "/cpu:0",
-                 async_engine: Optional["AsyncEngine"] = None) -> None:
+                 mode: Optional[WorkerMode] = None) -> None:
         super().__init__(container_strategy, device)
         self._job = job
         self._collectives = collectives
-        self._engine = async_engine
+        self._mode = mode or InStep()
         # Distributed iterators agree across workers on whether any worker
         # still has data, so uneven shards end every worker's epoch together.
         self.experimental_enable_get_next_as_optional = True
@@ -194,41 +197,40 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         return self._collectives
 
     @property
+    def worker_mode(self) -> WorkerMode:
+        """How the workers train together: in step or independently."""
+        return self._mode
+
+    @property
     def async_engine(self) -> Optional["AsyncEngine"]:
         """The asynchronous engine, or None when workers train in step."""
-        return self._engine
+        return self._mode.engine
 
     @property
     def _box_segments(self) -> Dict[Any, "BoxSegment"]:
         """Async: the box parameter of every box-held variable, by `ref()`."""
-        return self._engine.segments if self._engine is not None else {}
+        return self._mode.segments
 
     @property
     def steps(self) -> tf.Variable:
         """Async: the training steps this worker started."""
-        return self._require_engine("steps").steps
+        return self._mode.require_engine("steps").steps
 
     @property
     def max_clock_gap(self) -> tf.Variable:
         """Async: the largest lead over the slowest worker this worker had
         when a step started."""
-        return self._require_engine("max_clock_gap").max_clock_gap
-
-    def _require_engine(self, what: str) -> "AsyncEngine":
-        if self._engine is None:
-            raise AttributeError(f"{what}: only SMBStrategy(mode='async') with 2+ "
-                                 "workers counts steps")
-        return self._engine
+        return self._mode.require_engine("max_clock_gap").max_clock_gap
 
     def _in_multi_worker_mode(self) -> bool:
         # Asynchronous workers never wait for each other's input or logs.
-        return self._job.size > 1 and self._engine is None
+        return self._mode.combines_processes(self._job)
 
     @property
     def _num_replicas_in_sync(self) -> int:
         # Asynchronously each worker is a replica group of its own: Keras then
         # does not divide the loss, and a push carries the full gradient.
-        return 1 if self._engine is not None else self._job.size
+        return self._job.size if self._mode.combines_processes(self._job) else 1
 
     def _get_local_replica_id(self, replica_id_in_sync_group: int) -> int:
         return replica_id_in_sync_group - self._job.rank
@@ -249,18 +251,15 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
             return values_lib.SyncOnReadVariable(
                 self._container_strategy(), [local], aggregation)
         traced = self._job.size > 1 and _is_symbolic(kwargs.get("initial_value"))
-        if traced and (self._engine is None or not kwargs.get("trainable", True)):
+        if traced and not self._mode.keeps_in_box(kwargs.get("trainable", True)):
             # Made while a tf.function traces (Keras 3.3 builds optimizers and
             # unbuilt models in the first step): the value exists only when the
             # function first runs, so rank 0's is broadcast in its initializer.
             kwargs["initial_value"] = self._collectives.broadcast(
                 [kwargs["initial_value"]], root=0)[0]
         variable = super()._create_variable(next_creator, **kwargs)
-        if self._job.size > 1:
-            if self._engine is not None and variable.trainable:
-                self._engine.place(variable)
-            elif not traced:
-                broadcast_initial_value(self._collectives, variable)
+        if self._job.size > 1 and not self._mode.place(variable) and not traced:
+            broadcast_initial_value(self._collectives, variable)
         return variable
 
     def _local_results(self, value):
@@ -276,17 +275,14 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
             num_replicas_in_sync=self._job.size)
 
     def _experimental_distribute_dataset(self, dataset, options):
-        if self._engine is not None:
-            # Training: each worker takes every size-th batch. Evaluation and
-            # prediction: every worker sees all data (no collectives needed).
-            if not phase.is_evaluating():
-                dataset = dataset.shard(self._job.size, self._job.rank)
-            return self._distributed(dataset, options)
         if self._job.size == 1:
             # One worker: nothing to shard. The plain dataset, as the default
             # strategy gives it, spares tf.distribute's iterator wrappers
             # (measured: ~20% of an MLP's fit throughput).
             return dataset
+        whole = self._mode.whole_batches(dataset, self._job)
+        if whole is not None:  # async: the batches this worker reads whole
+            return self._distributed(whole, options)
         # Rebatch the global batch to global/size and shard it by worker, as
         # MultiWorkerMirroredStrategy does; the iterator then ends every
         # worker's epoch together even when shards have unequal length.
@@ -322,9 +318,9 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         """How many of a dataset's `num_batches` global batches this worker
         trains on in an epoch: every one (each worker takes its part of each),
         or in async mode every size-th (`_experimental_distribute_dataset`)."""
-        if self._engine is None:
+        if self._job.size == 1:
             return num_batches
-        return len(range(self._job.rank, num_batches, self._job.size))
+        return self._mode.training_batches(num_batches, self._job)
 
     def _distributed(self, dataset, options, **kwargs):
         """TensorFlow's distributed dataset of `dataset` for this worker's one device.
@@ -353,7 +349,7 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
             [self._make_input_context()],
             self._container_strategy(),
             options=options)
-        if self._engine is not None:  # async workers ask nothing of each other
+        if self._mode.processes_apart(self._job):  # async workers ask nothing of each other
             return distributed
         return self._end_together_without_asking(distributed)
 
@@ -370,16 +366,11 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         kwargs = distribute_utils.select_replica(0, kwargs)
         with framework_ops.device(self._device), _WorkerReplicaContext(
                 strategy, self._job.rank):
-            if self._engine is None:
-                return fn(*args, **kwargs)
-            return self._engine.run_step(fn, args, kwargs)
+            return self._mode.run_step(fn, args, kwargs)
 
     def _update(self, var, fn, args, kwargs, group):
-        if self._engine is None or self._engine.segment_of(var) is None:
-            return super()._update(var, fn, args, kwargs, group)
-        return self._engine.update(
-            var, args, lambda: super(DataParallelExtended, self)._update(
-                var, fn, args, kwargs, group), group)
+        return self._mode.update(var, args, lambda: super(DataParallelExtended, self)._update(
+            var, fn, args, kwargs, group), group)
 
     # -- reductions -----------------------------------------------------------
     def _local_tensor(self, value: Any) -> tf.Tensor:
@@ -396,7 +387,7 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         Local only (an identity) for one worker and in async mode.
         """
         tensors = [self._local_tensor(v) for v in values]
-        if self._job.size == 1 or not tensors or self._engine is not None:
+        if not tensors or not self._mode.combines_processes(self._job):
             # One worker, or asynchronous workers: nothing to combine.
             return [tf.identity(t) for t in tensors]
         check_not_in_xla()
@@ -409,7 +400,7 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         del destinations, options
-        if self._engine is not None and not _is_worker_local_read(value):
+        if self._mode.processes_apart(self._job) and not _is_worker_local_read(value):
             raise ValueError(
                 "strategy.reduce (and extended.reduce_to) would combine values over "
                 f"workers. {_ASYNC_REDUCE_HINT}")
@@ -423,7 +414,7 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
-        if self._engine is not None:
+        if self._mode.processes_apart(self._job):
             # Keras gathers only for synchronous multi-worker predict.
             raise ValueError(
                 f"strategy.gather would collect values from all workers. {_ASYNC_REDUCE_HINT}")

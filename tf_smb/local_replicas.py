@@ -57,9 +57,10 @@ from tf_smb import env as env_lib
 from tf_smb import phase
 from tf_smb import ops as smb_ops
 from tf_smb.iterator_release import distributed_dataset, distributed_datasets_from_function
-from tf_smb.async_mode import AsyncConfig, AsyncEngine, sgd_step_arguments
+from tf_smb.async_mode import AsyncEngine, sgd_step_arguments
 from tf_smb.collectives import Collectives
 from tf_smb import data_parallel
+from tf_smb.worker_mode import InStep, WorkerMode
 
 
 def logical_cpu_devices(count: int) -> List[str]:
@@ -104,17 +105,17 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
 
     def __init__(self, container_strategy: "data_parallel.DataParallelStrategy",
                  job: env_lib.JobInfo, collectives: Collectives,
-                 devices: Sequence[str], async_config: Optional[AsyncConfig] = None,
-                 timeout_s: float = smb_ops.DEFAULT_TIMEOUT_S,
-                 async_engine: Optional[AsyncEngine] = None) -> None:
+                 devices: Sequence[str], mode: Optional[WorkerMode] = None,
+                 timeout_s: float = smb_ops.DEFAULT_TIMEOUT_S) -> None:
         super().__init__(container_strategy, compute_devices=list(devices),
                          parameter_device=devices[0])
         self._job = job
         self._collectives = collectives
         self._local = len(devices)
-        self._async = async_config
+        # Independent: the replicas' updates go to the parameter-server thread
+        # (and, with 2+ processes, to the box through the mode's engine).
+        self._mode = mode or InStep()
         self._timeout_s = timeout_s
-        self._engine = async_engine  # asynchronous, 2+ processes: the box
         # As DataParallelExtended: uneven shards end every worker's epoch together.
         self.experimental_enable_get_next_as_optional = True
         self.enable_partial_batch_handling = True
@@ -126,30 +127,34 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
         return self._collectives
 
     @property
+    def worker_mode(self) -> WorkerMode:
+        """How the replicas and processes train together."""
+        return self._mode
+
+    @property
     def async_engine(self) -> Optional[AsyncEngine]:
         """Asynchronous with 2+ processes: the engine of the box-held
         parameters; else None."""
-        return self._engine
+        return self._mode.engine
 
     @property
     def _box_segments(self):
         """Asynchronous with 2+ processes: the box segment of every box-held
         variable, by `ref()` (what BackupAndRestore saves)."""
-        return self._engine.segments if self._engine is not None else {}
+        return self._mode.segments
 
     @property
     def asynchronous(self) -> bool:
         """True when the replicas update the parameters without combining."""
-        return self._async is not None
+        return self._mode.asynchronous
 
     def finish(self) -> None:
         """Asynchronous: returns once the parameter-server thread applied
         every update handed to it; with 2+ processes, then also waits for the
         other live processes and loads the box's final values (eagerly)."""
-        if self._async is not None:
+        if self._mode.asynchronous:
             smb_ops.server_wait(0, self._timeout_s)
-        if self._engine is not None:
-            self._engine.finish()
+        self._mode.finish()
 
     @property
     def local_replicas(self) -> int:
@@ -158,11 +163,11 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
 
     def _in_multi_worker_mode(self) -> bool:
         # Asynchronous processes never wait for each other's input or logs.
-        return self._job.size > 1 and self._async is None
+        return self._mode.combines_processes(self._job)
 
     def _combines_processes(self) -> bool:
         """Whether reductions go over processes too (not when asynchronous)."""
-        return self._job.size > 1 and self._async is None
+        return self._mode.combines_processes(self._job)
 
     @property
     def _num_replicas_in_sync(self) -> int:
@@ -187,12 +192,8 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
             # what reading a MirroredVariable gives: its first copy.
             kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
         variable = super()._create_variable(next_creator, **kwargs)
-        if self._job.size > 1:
-            base = _unwrap(variable)
-            if self._engine is not None and base.trainable:
-                self._engine.place(base)
-            else:
-                data_parallel.broadcast_initial_value(self._collectives, variable)
+        if self._job.size > 1 and not self._mode.place(_unwrap(variable)):
+            data_parallel.broadcast_initial_value(self._collectives, variable)
         return variable
 
     def _create_per_replica_variable(self, next_creator, **kwargs):
@@ -220,10 +221,7 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
             num_replicas_in_sync=self._num_replicas_in_sync)
 
     def _experimental_distribute_dataset(self, dataset, options):
-        # Asynchronous processes evaluate and predict on all the data each
-        # (their metrics are their own); in training each takes its share.
-        own_share = self._job.size > 1 and not (
-            self._async is not None and phase.is_evaluating())
+        own_share = self._mode.splits_input(self._job)
         return distributed_dataset(
             dataset,
             self._input_workers_with_options(options),
@@ -249,7 +247,7 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
     # -- running a step -----------------------------------------------------
     def _call_for_each_replica(self, fn, args, kwargs):
         data_parallel.check_not_in_xla()
-        config = self._async
+        config = self._mode.config
         starts = []
         if (config is not None and config.staleness is not None
                 and not phase.is_evaluating()):
@@ -258,10 +256,10 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
             with tf.control_dependencies(inputs):
                 starts.append(smb_ops.server_wait(config.staleness * self._local,
                                                   self._timeout_s))
-        if self._engine is not None:
-            # The SSP clock, then the box's current values into the one copy.
-            with tf.control_dependencies(starts):
-                starts = self._engine.start_step(args, kwargs)
+        # Independent processes: the SSP clock, then the box's current values
+        # into the one copy.
+        with tf.control_dependencies(starts):
+            starts = starts + self._mode.start_step(args, kwargs)
         if starts:
             inner = fn
 
@@ -275,39 +273,38 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
         base = _unwrap(var)
         per_replica = any(isinstance(a, values_lib.PerReplica)
                           for a in tf.nest.flatten((args, kwargs)))
-        if self._async is None or not base.trainable:
+        config = self._mode.config
+        if config is None or not base.trainable:
             return super()._update(var, fn, args, kwargs, group)
         if not per_replica:  # one update for the process (e.g. weight decay)
-            if self._engine is None or self._engine.segment_of(base) is None:
-                return super()._update(var, fn, args, kwargs, group)
-            return self._engine.update(base, args, lambda: super(
+            return self._mode.update(base, args, lambda: super(
                 LocalReplicasExtended, self)._update(var, fn, args, kwargs, group), group)
         # Asynchronous: every replica's own update, none combined.
+        engine = self._mode.engine
+        param = engine.segment_of(base) if engine is not None else None
         done = []
         for r in range(self._local):
             replica_args = distribute_utils.select_replica(r, args)
             replica_kwargs = distribute_utils.select_replica(r, kwargs)
-            step = sgd_step_arguments(replica_args) if self._async.update == "sgd" else None
-            param = self._engine.segment_of(base) if self._engine is not None else None
+            step = sgd_step_arguments(replica_args) if config.update == "sgd" else None
             with tf.control_dependencies(done):
                 if step is not None:
                     grad, learning_rate = step
                     if isinstance(grad, tf.IndexedSlices):
                         grad = tf.convert_to_tensor(grad)
-                    rule = "momentum" if self._async.momentum else "sgd"
+                    rule = "momentum" if config.momentum else "sgd"
                     if param is not None:
                         done.append(smb_ops.server_push_segment(
                             grad, param.name, learning_rate, rule=rule,
-                            momentum=self._async.momentum))
+                            momentum=config.momentum))
                     else:
                         done.append(smb_ops.server_push(
                             base, grad, learning_rate, rule=rule,
-                            momentum=self._async.momentum,
-                            consistent=self._async.consistent))
+                            momentum=config.momentum, consistent=config.consistent))
                 else:
                     def apply_locally(a=replica_args, k=replica_kwargs):
                         return super(LocalReplicasExtended, self)._update(var, fn, a, k, True)
-                    result = (self._engine.update(base, replica_args, apply_locally, True)
+                    result = (engine.update(base, replica_args, apply_locally, True)
                               if param is not None else apply_locally())
                     done.extend(o for o in tf.nest.flatten(result) if o is not None)
         result = tf.group(*done)
@@ -364,7 +361,7 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         del options
-        if self._async is not None:
+        if self._mode.asynchronous:
             # Asynchronous replicas keep their own gradients (ReplicaContext.all_reduce).
             return [v for v, _ in value_destination_pairs]
         summed = self._combine(reduce_op, [v for v, _ in value_destination_pairs])

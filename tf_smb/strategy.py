@@ -26,6 +26,7 @@ from tf_smb.collectives import SMBCollectives
 # DataParallelStrategy and GradientClipping stay importable from here too.
 from tf_smb.data_parallel import (DataParallelExtended, DataParallelStrategy,
                                   GradientClipping, check_gradient_clipping)
+from tf_smb.worker_mode import Independent, InStep, WorkerMode
 
 __all__ = ["SMBStrategy", "DataParallelStrategy", "GradientClipping", "Mode", "Update",
            "Consistency"]
@@ -159,22 +160,23 @@ class SMBStrategy(DataParallelStrategy):
             job = smb_ops.init(job, timeout_s=timeout_s, staging_bytes=staging_bytes)
         self._mode = mode
         collectives = SMBCollectives()
-        engine = None
+        worker_mode: WorkerMode = InStep()
         if mode == "async":
             keras_support.install_async_hooks()
-            if job.size > 1:  # one worker has no one to wait for or share with
-                engine = AsyncEngine(job, config, collectives)
+            # One worker has no one to wait for or share with (it trains in
+            # step with itself), unless its replica threads update apart.
+            engine = AsyncEngine(job, config, collectives) if job.size > 1 else None
+            if engine is not None or local_replicas != 1:
+                worker_mode = Independent(config, engine)
         if local_replicas != 1:
             extended = local_replicas_lib.LocalReplicasExtended(
-                self, job, collectives, devices,
-                async_config=config if mode == "async" else None,
-                timeout_s=timeout_s if timeout_s is not None else smb_ops.DEFAULT_TIMEOUT_S,
-                async_engine=engine)
+                self, job, collectives, devices, mode=worker_mode,
+                timeout_s=timeout_s if timeout_s is not None else smb_ops.DEFAULT_TIMEOUT_S)
         else:
-            extended = DataParallelExtended(self, job, collectives, async_engine=engine)
+            extended = DataParallelExtended(self, job, collectives, mode=worker_mode)
         keras_support.install_strategy_hooks(job)
         self._setup(job, extended, gradient_clipping)
-        if engine is not None:
+        if worker_mode.engine is not None:
             keras_support.note_async_strategy(self)  # for layers' set_weights
 
     @property
@@ -188,5 +190,5 @@ class SMBStrategy(DataParallelStrategy):
         call it yourself at the end of a custom training loop."""
         if isinstance(self.extended, local_replicas_lib.LocalReplicasExtended):
             self.extended.finish()  # the server thread's updates first, then the box
-        elif self.extended.async_engine is not None:
-            self.extended.async_engine.finish()
+        else:
+            self.extended.worker_mode.finish()

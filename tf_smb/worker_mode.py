@@ -1,0 +1,163 @@
+"""How a strategy's workers train together: an object its Extended class owns
+and asks, instead of checking flags.
+
+  * `InStep` (mode="sync"; also one process of mode="async", which has no one
+    to wait for): every update is combined over the workers, which step
+    together.
+  * `Independent` (mode="async"): each process, and each replica thread, applies
+    its own updates. With 2+ processes the trainable variables live in the box
+    (an AsyncEngine) and the processes never wait for each other.
+
+The Extended classes are the other axis: one replica per process
+(data_parallel.DataParallelExtended) or replica threads sharing one parameter
+copy (local_replicas.LocalReplicasExtended). A mode answers what depends on
+sync or async only: whether processes combine, which data a process reads,
+how a step starts and runs, where a variable lives and how it is updated.
+
+Depends on TensorFlow, env and phase only (the engine comes in built).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+
+import tensorflow as tf
+
+from tf_smb import env as env_lib
+from tf_smb import phase
+
+if TYPE_CHECKING:
+    from tf_smb.async_mode import AsyncConfig, AsyncEngine, BoxSegment
+
+
+class WorkerMode:
+    """What differs between training in step and independently (see the module)."""
+
+    config: Optional["AsyncConfig"] = None
+    engine: Optional["AsyncEngine"] = None
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether updates are applied without combining them."""
+        return self.config is not None
+
+    @property
+    def segments(self) -> Dict[Any, "BoxSegment"]:
+        """The box segment of every box-held variable, by `ref()` (none in step)."""
+        return self.engine.segments if self.engine is not None else {}
+
+    def require_engine(self, what: str) -> "AsyncEngine":
+        """The engine of the box-held variables; AttributeError naming `what` without."""
+        if self.engine is None:
+            raise AttributeError(f"{what}: only SMBStrategy(mode='async') with 2+ "
+                                 "workers counts steps")
+        return self.engine
+
+    def combines_processes(self, job: env_lib.JobInfo) -> bool:
+        """Whether reductions (gradients, logs, metrics) go over the processes."""
+        raise NotImplementedError
+
+    def processes_apart(self, job: env_lib.JobInfo) -> bool:
+        """Whether this job's processes never wait for each other: they share no
+        step, so values cannot be reduced or gathered over them."""
+        return job.size > 1 and not self.combines_processes(job)
+
+    def whole_batches(self, dataset: tf.data.Dataset,
+                      job: env_lib.JobInfo) -> Optional[tf.data.Dataset]:
+        """The global batches this process reads whole, or None when every
+        process reads a part of each (the dataset is rebatched and sharded)."""
+        raise NotImplementedError
+
+    def splits_input(self, job: env_lib.JobInfo) -> bool:
+        """Whether this process now reads only its part of the data."""
+        return job.size > 1
+
+    def training_batches(self, num_batches: int, job: env_lib.JobInfo) -> int:
+        """How many of a dataset's `num_batches` global batches this process
+        trains on in an epoch."""
+        return num_batches
+
+    def keeps_in_box(self, trainable: bool) -> bool:
+        """Whether a variable (trainable or not) lives in the box."""
+        return self.engine is not None and trainable
+
+    def place(self, variable: tf.Variable) -> bool:
+        """Puts the variable's master copy in the box when it lives there; True then."""
+        if not self.keeps_in_box(variable.trainable):
+            return False
+        self.engine.place(variable)
+        return True
+
+    def start_step(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
+        """The ops a step's own ops must follow (the clock's wait, the box's read)."""
+        return []
+
+    def run_step(self, fn: Callable[..., Any], args: Sequence[Any],
+                 kwargs: Dict[str, Any]) -> Any:
+        """Runs one replica's step of `fn`."""
+        return fn(*args, **kwargs)
+
+    def update(self, var: tf.Variable, args: Sequence[Any], apply_locally: Callable[[], Any],
+               group: bool) -> Any:
+        """Updates `var`: `apply_locally()` runs the update on this process's
+        copy, which for a box-held variable also goes into the box."""
+        if self.engine is None or self.engine.segment_of(var) is None:
+            return apply_locally()
+        return self.engine.update(var, args, apply_locally, group)
+
+    def finish(self) -> None:
+        """This process is done training (see SMBStrategy.finish_training)."""
+
+
+class InStep(WorkerMode):
+    """mode="sync": every update is combined over the workers, which step together."""
+
+    def combines_processes(self, job: env_lib.JobInfo) -> bool:
+        return job.size > 1
+
+    def whole_batches(self, dataset: tf.data.Dataset,
+                      job: env_lib.JobInfo) -> Optional[tf.data.Dataset]:
+        return None
+
+
+class Independent(WorkerMode):
+    """mode="async": updates are applied as they come, none combined.
+
+    Args:
+      config: the asynchronous options, validated (AsyncConfig).
+      engine: with 2+ processes, the engine of the box-held variables; None for
+        one process (its replica threads then share its one parameter copy).
+    """
+
+    def __init__(self, config: "AsyncConfig", engine: Optional["AsyncEngine"] = None) -> None:
+        self.config = config
+        self.engine = engine
+
+    def combines_processes(self, job: env_lib.JobInfo) -> bool:
+        return False
+
+    def whole_batches(self, dataset: tf.data.Dataset,
+                      job: env_lib.JobInfo) -> Optional[tf.data.Dataset]:
+        # Training: each process takes every size-th batch. Evaluation and
+        # prediction: every process reads all data (no collectives needed).
+        return dataset if phase.is_evaluating() else dataset.shard(job.size, job.rank)
+
+    def splits_input(self, job: env_lib.JobInfo) -> bool:
+        # Asynchronous processes evaluate and predict on all the data each
+        # (their metrics are their own); in training each takes its share.
+        return job.size > 1 and not phase.is_evaluating()
+
+    def training_batches(self, num_batches: int, job: env_lib.JobInfo) -> int:
+        return len(range(job.rank, num_batches, job.size))  # every size-th (whole_batches)
+
+    def start_step(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
+        return self.engine.start_step(args, kwargs) if self.engine is not None else []
+
+    def run_step(self, fn: Callable[..., Any], args: Sequence[Any],
+                 kwargs: Dict[str, Any]) -> Any:
+        if self.engine is None:
+            return fn(*args, **kwargs)
+        return self.engine.run_step(fn, args, kwargs)
+
+    def finish(self) -> None:
+        if self.engine is not None:
+            self.engine.finish()
