@@ -14,6 +14,7 @@ import simnodes
 from harness import WORKERS
 
 ORDERING = os.path.join(WORKERS, "ordering_worker.py")
+HOROVOD_API = os.path.join(WORKERS, "horovod_api_worker.py")
 KERAS = os.path.join(WORKERS, "keras_worker.py")
 ENV = {"TF_SMB_TIMEOUT": "120", "TEST_TIMEOUT": "120"}
 
@@ -64,11 +65,46 @@ def test_ranks_on_different_nodes_disagreeing_get_the_same_error(nodes, tmp_path
         # spanning the nodes is refused on every rank, and the job goes on.
         assert r["node_set_sum"] == [3.0 if r["rank"] < 2 else 7.0], r
         assert "process set [0, 2] spans nodes [0, 1]" in r["spanning_set"], r
-        assert "joins ranks on one node only" in r["join_across_nodes"], r
         assert r["shape_error"] and verdict in r["shape_error"], f"rank {r['rank']}: {r['shape_error']}"
         # The job then stops: a later call fails at once with that error.
         assert r["later_error"] and "float32[3]" in r["later_error"], r
         assert r["later_seconds"] < 5, r
+
+
+def test_hvd_join_across_nodes_with_a_whole_node_joined(nodes, tmp_path):
+    """tf_smb.horovod's join across 2 nodes x 2 (tests/workers/horovod_api_worker.py,
+    join_nodes): a node whose every rank has joined takes part in the other node's
+    collectives with zeros, whichever node decides the order; the ranks get the
+    rank that joined last; afterwards every rank pairs up again."""
+    results = simnodes.run_workers(nodes, 2, [HOROVOD_API, "join_nodes"], 600,
+                                   str(tmp_path), ENV)
+    by_rank = {r["rank"]: r for r in results}
+    assert sorted(by_rank) == [0, 1, 2, 3], sorted(by_rank)
+    sum_all = [10.0] * 3
+    expected_eager = {
+        0: [sum_all], 1: [sum_all],
+        # Ranks 0 and 1 joined: no rows gathered, nothing added to the sums.
+        2: [sum_all, [[2, 2, 2, 3, 3, 3, 3], [7.0, 7.0]]],
+        # Rank 3 alone: its broadcast, an Average still divided by the job's 4.
+        3: [sum_all, [[2, 2, 2, 3, 3, 3, 3], [7.0, 7.0]], [None, [21], [1.0] * 3, [4.0, 4.0]]],
+    }
+    for rank, r in by_rank.items():
+        assert r["eager"] == expected_eager[rank], f"rank {rank}: {r['eager']}"
+        assert r["last_eager"] == 3, f"rank {rank}: {r['last_eager']}"
+        # Step k sums the ranks that take more than k steps (rank r takes 4 - r).
+        assert r["graph"] == [[10.0] * 3, [6.0] * 3, [3.0] * 3, [1.0] * 3][:4 - rank], (
+            f"rank {rank}: {r['graph']}")
+        assert r["last_graph"] == 0, f"rank {rank}: {r['last_graph']}"
+        assert r["after"] == [sum_all, [10.0, 10.0]], f"rank {rank}: {r['after']}"
+    # One rank a node (no node-mate to read a description from), each node first in turn.
+    (tmp_path / "pair").mkdir()
+    pair = {r["rank"]: r for r in simnodes.run_workers(
+        nodes, 1, [HOROVOD_API, "join_pair"], 600, str(tmp_path / "pair"), ENV)}
+    assert pair[0]["eager"] == [[3.0, 3.0]], pair[0]
+    assert pair[1]["eager"] == [[3.0, 3.0], [2.0, 2.0, 5]], pair[1]
+    assert pair[0]["alone"] == [1.0, 1.0], pair[0]
+    for r in pair.values():
+        assert (r["last_eager"], r["last_alone"]) == (1, 0), r
 
 
 LOST_NODE_WORKER = r'''

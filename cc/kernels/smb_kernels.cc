@@ -157,10 +157,6 @@ class SmbContext {
                           smb::CollectiveScheduler::Done done) {
     std::lock_guard<std::mutex> lock(mu_);
     if (scheduler_ == nullptr) return NotJoined();
-    if (comm_->across_nodes()) {
-      return absl::UnimplementedError(
-          "hvd.join: tf_smb joins ranks on one node only; this job spans nodes");
-    }
     scheduler_->SubmitJoin(std::move(run), std::move(done));
     return absl::OkStatus();
   }

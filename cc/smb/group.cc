@@ -108,6 +108,7 @@ constexpr size_t kVerdictTextBytes = 2016;
 struct NodeVerdict {
   uint64_t hash;  // of the description; 0 when the node failed to agree
   uint32_t failed;  // 0, or 1 + the smb::Code of the node's failure
+  uint32_t joined;  // 1: every rank of the node has joined; it takes part with zeros
   uint32_t len;
   char text[kVerdictTextBytes];  // the description, or why the node failed
   char payload[kAgreePayloadBytes];  // data riding on the agreement (see AgreeHere)
@@ -274,17 +275,26 @@ Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local, con
   if (payload_bytes > 0) std::memcpy(mine.payload, payload, payload_bytes);
   const int nodes = link_->nodes();
   std::vector<NodeVerdict> all(nodes);
-  Status exchanged = link_->AllGather(&mine, sizeof mine, all.data(), timeout_s());
-  if (!exchanged.ok()) return exchanged;
+  if (learned_.size() == sizeof(NodeVerdict) * nodes) {
+    std::memcpy(all.data(), learned_.data(), learned_.size());  // LearnAcrossNodes exchanged them
+  } else {
+    Status exchanged = link_->AllGather(&mine, sizeof mine, all.data(), timeout_s());
+    if (!exchanged.ok()) return exchanged;
+  }
+  learned_.clear();
   auto text_of = [](const NodeVerdict& v) { return std::string(v.text, v.len); };
   for (int n = 0; n < nodes; ++n) {
     if (all[n].failed) return Status(static_cast<Code>(all[n].failed - 1), text_of(all[n]));
   }
-  for (int n = 1; n < nodes; ++n) {
-    if (all[n].hash != all[0].hash) {
+  // Nodes whose every rank has joined describe nothing of their own.
+  int first = 0;
+  while (first < nodes - 1 && all[first].joined) ++first;
+  for (int n = first + 1; n < nodes; ++n) {
+    if (!all[n].joined && all[n].hash != all[first].hash) {
       if (!agreement_.empty()) {
         std::vector<std::string> who, texts;
         for (int q = 0; q < nodes; ++q) {
+          if (all[q].joined) continue;
           who.push_back("rank " + std::to_string(link_->JobRank(q, 0)) + " (node " +
                         std::to_string(q) + ")");
           texts.push_back(text_of(all[q]));
@@ -292,9 +302,10 @@ Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local, con
         return Disagreement(agreement_, who, texts);
       }
       return InvalidArgument("ranks disagree on a collective: rank " +
-                             std::to_string(link_->JobRank(0, 0)) + " (node 0) called " +
-                             text_of(all[0]) + "; rank " + std::to_string(link_->JobRank(n, 0)) +
-                             " (node " + std::to_string(n) + ") called " + text_of(all[n]));
+                             std::to_string(link_->JobRank(first, 0)) + " (node " +
+                             std::to_string(first) + ") called " + text_of(all[first]) +
+                             "; rank " + std::to_string(link_->JobRank(n, 0)) + " (node " +
+                             std::to_string(n) + ") called " + text_of(all[n]));
     }
   }
   if (payloads != nullptr) {
@@ -378,15 +389,31 @@ bool Group::NextCollective(const std::vector<uint64_t>& mine, uint64_t* key) {
   GroupControl* g = control();
   const int slot = static_cast<int>(decided_ & 1);
   if (rank_ == 0 && link_) {
-    // This node's leader: offers what every rank of the node has waiting;
-    // node 0's leader decides for the whole job.
-    std::vector<uint64_t> everywhere;
-    for (uint64_t k : mine) {
-      if (RanksWithout(k).empty()) everywhere.push_back(k);
+    // This node's leader: offers what every rank of the node still training
+    // has waiting; node 0's leader decides for the whole job. Having joined,
+    // it offers the keys of the first rank still training (which may still
+    // list one that just ran); once every rank here has joined, its join and
+    // "any": the node takes part in whatever the other nodes run next.
+    std::vector<uint64_t> theirs;
+    const std::vector<uint64_t>* candidates = &mine;
+    bool all_joined = Joined(0);
+    for (int r = 1; r < world_ && all_joined; ++r) {
+      if (Joined(r)) continue;
+      theirs = PublishedBy(r);
+      candidates = &theirs;
+      all_joined = false;
     }
+    std::vector<uint64_t> everywhere;
+    for (uint64_t k : *candidates) {
+      if (!RanksWithout(k).empty()) continue;
+      if (candidates == &theirs && std::count(recent_, recent_ + kRecent, k) != 0) continue;
+      everywhere.push_back(k);
+    }
+    if (all_joined) everywhere.push_back(kAnyCollective);
     link_->OfferCandidates(everywhere);
     uint64_t k;
     if (!link_->NextDecision(&k)) return false;
+    recent_[decided_ % kRecent] = k;
     g->decision_key[slot].store(k, std::memory_order_relaxed);
     g->decision_seq[slot].store(decided_ + 1, std::memory_order_release);
     ++decided_;
@@ -459,9 +486,12 @@ bool Group::OtherTraining(int rank) const { return rank != rank_ && !Joined(rank
 
 void Group::MarkJoined() {
   if (join_order_ != 0) return;
-  join_order_ = 1;
+  // Every rank takes part in every decided collective, so the ones taken
+  // before joining order joins across nodes; the node's count breaks ties.
+  const uint64_t taken = decided_ << 24;
+  join_order_ = taken | 1;
   if (!peers_) return;
-  join_order_ = control()->joins.fetch_add(1, std::memory_order_relaxed) + 1;
+  join_order_ = taken | (control()->joins.fetch_add(1, std::memory_order_relaxed) % 0xFFFFFF + 1);
   control()->ranks[rank_].joined.store(join_order_, std::memory_order_release);
   Poke();
 }
@@ -477,6 +507,34 @@ uint64_t Group::ClearJoined() {
 bool Group::Joined(int rank) const {
   if (!peers_) return rank == rank_ && join_order_ != 0;
   return control()->ranks[rank].joined.load(std::memory_order_acquire) != 0;
+}
+
+bool Group::AllJoinedHere() const {
+  for (int r = 0; r < world_; ++r) {
+    if (!Joined(r)) return false;
+  }
+  return true;
+}
+
+Status Group::LearnAcrossNodes(std::string* text, bool* complete) {
+  if (!link_) return InvalidArgument("no other node to learn the collective from");
+  NodeVerdict mine{};
+  mine.joined = 1;  // zeros in the payload: what a joined node adds to a small sum
+  const int nodes = link_->nodes();
+  std::vector<NodeVerdict> all(nodes);
+  SMB_RETURN_IF_ERROR(link_->AllGather(&mine, sizeof mine, all.data(), timeout_s()));
+  for (const NodeVerdict& v : all) {
+    if (v.failed) return Status(static_cast<Code>(v.failed - 1), std::string(v.text, v.len));
+  }
+  for (const NodeVerdict& v : all) {
+    if (v.joined) continue;
+    text->assign(v.text, v.len);
+    *complete = StableHash(*text) == v.hash;  // the hash is of the whole description
+    learned_.resize(sizeof(NodeVerdict) * nodes);
+    std::memcpy(learned_.data(), all.data(), learned_.size());
+    return Status::Ok();
+  }
+  return Internal("every node has joined (hvd.join), yet a collective other than the join runs");
 }
 
 Status Group::PeekNextDescription(std::string* text, bool* complete) {

@@ -120,14 +120,23 @@ class Group {
   // joined counts as having every key.
   std::string RanksWithout(uint64_t key) const;
 
-  // ---- Join (Horovod's hvd.join; one node) ----
+  // ---- Join (Horovod's hvd.join) ----
   // Marks this rank joined: it has nothing left to submit but its join, and
   // serves the others' collectives (algorithms/joined.h) until every rank
-  // has joined. ClearJoined ends that and returns the rank's join order (1
-  // for the group's first join, 2 for the next, ...; 0 if it had not joined).
+  // has joined. ClearJoined ends that and returns the rank's join order: 0 if
+  // it had not joined; else larger for a later join, comparable across nodes
+  // (the collectives the rank had taken part in, then the order on its node).
   void MarkJoined();
   uint64_t ClearJoined();
   bool Joined(int rank) const;
+  // Every rank of this node has joined.
+  bool AllJoinedHere() const;
+  // Across nodes, for a rank whose whole node has joined: takes part, saying
+  // "joined", in the exchange of the nodes' verdicts that opens the
+  // collective the others run next, and gives the description a node still
+  // training sent (as PeekNextDescription does on one node). That
+  // collective's own AgreeAcrossNodes then uses this exchange.
+  Status LearnAcrossNodes(std::string* text, bool* complete);
   // The description (with its agreement) that a rank still training published
   // for the collective this rank is about to run, once it has: what a joined
   // rank needs to take part with zeros. *complete: false when the box's slot
@@ -156,6 +165,7 @@ class Group {
   uint64_t recent_[kRecent] = {};
   std::string next_agreement_;  // see SetNextAgreement
   std::string agreement_;       // the current collective's, from AgreeHere to AgreeAcrossNodes
+  std::vector<char> learned_;   // the nodes' verdicts LearnAcrossNodes got, for AgreeAcrossNodes
 };
 
 }  // namespace smb

@@ -59,6 +59,9 @@ struct RemoteClock {
   uint64_t phase;  // StepClock's phase word (odd: finished)
 };
 
+// In an offer (NodeLink::OfferCandidates): this node takes any collective.
+constexpr uint64_t kAnyCollective = ~uint64_t{0};
+
 // An operation of the link in flight (see NodeLink::StartAllReduceSum).
 class LinkOp {
  public:
@@ -98,8 +101,11 @@ class NodeLink {
   virtual Status Broadcast(void* data, size_t bytes, int root, double timeout_s) = 0;
 
   // ---- Which collective runs next, job-wide (node leaders, local rank 0) ----
-  // The keys every rank of this node has waiting, oldest first. Node 0's
-  // leader decides: the oldest of its keys that every node offers.
+  // The keys every rank of this node has waiting, oldest first. A node whose
+  // every rank has joined (hvd.join) adds kAnyCollective: it takes part in
+  // whatever the others run. Node 0's leader decides: the oldest key, in the
+  // order of the first node that offers no kAnyCollective (node 0 while
+  // any of its ranks trains), that every node offers or takes as any.
   virtual void OfferCandidates(const std::vector<uint64_t>& keys) = 0;
   // The next decided key, in decision order; false: none yet.
   virtual bool NextDecision(uint64_t* key) = 0;

@@ -231,9 +231,63 @@ def scenario_join():
     return out
 
 
+def scenario_join_nodes():
+    """Across 2 nodes x 2 ranks (0, 1 on node 0; 2, 3 on node 1), hvd.join with a
+    whole node joined first: node 0 (whose leader decides the job's order), then,
+    in a tf.function, node 1."""
+    rank = hvd_tf.rank()
+    out = {}
+    mine = tf.fill([3], float(rank + 1))
+    big = tf.fill([100_000], float(rank + 1))  # beyond what rides on the agreement
+
+    def big_sum():
+        total = hvd_tf.allreduce(big, op=hvd_tf.Sum)
+        return [float(tf.reduce_min(total)), float(tf.reduce_max(total))]
+
+    # Eagerly: ranks 0 and 1 run 1 collective, rank 2 two, rank 3 three; so node
+    # 0 has wholly joined while node 1 trains, then node 1's leader (rank 2) has
+    # joined while rank 3 trains.
+    ops = [lambda: hvd_tf.allreduce(mine, op=hvd_tf.Sum).numpy().tolist(),
+           lambda: [hvd_tf.allgather(tf.fill([rank + 1], rank)).numpy().tolist(), big_sum()],
+           lambda: [hvd_tf.barrier(),
+                    hvd_tf.broadcast(tf.constant([7 * rank]), root_rank=3).numpy().tolist(),
+                    hvd_tf.allreduce(mine, op=hvd_tf.Average).numpy().tolist(), big_sum()]]
+    out["eager"] = [op() for op in ops[:[1, 1, 2, 3][rank]]]
+    out["last_eager"] = int(hvd_tf.join())
+
+    @tf.function
+    def step():
+        return hvd_tf.allreduce(mine, op=hvd_tf.Sum)
+
+    # In a tf.function: rank r takes 4 - r steps (rank 3 joins first, then rank
+    # 2: node 1 wholly joined while node 0 trains).
+    out["graph"] = [step().numpy().tolist() for _ in range(4 - rank)]
+    out["last_graph"] = int(hvd_tf.join())
+    out["after"] = [step().numpy().tolist(), big_sum()]
+    return out
+
+
+def scenario_join_pair():
+    """Across 2 nodes x 1 rank: each node's one rank joins first in turn."""
+    rank = hvd_tf.rank()
+    mine = tf.fill([2], float(rank + 1))
+    big = tf.fill([100_000], float(rank + 1))
+    out = {"eager": [hvd_tf.allreduce(mine, op=hvd_tf.Sum).numpy().tolist()]}
+    if rank == 1:  # rank 0 has joined: its node takes part with zeros
+        total = hvd_tf.allreduce(big, op=hvd_tf.Sum)
+        out["eager"].append([float(tf.reduce_min(total)), float(tf.reduce_max(total)),
+                             int(hvd_tf.broadcast(tf.constant(5), root_rank=1))])
+    out["last_eager"] = int(hvd_tf.join())
+    if rank == 0:  # now rank 1 joins first
+        out["alone"] = hvd_tf.allreduce(mine, op=hvd_tf.Sum).numpy().tolist()
+    out["last_alone"] = int(hvd_tf.join())
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenario")
+    p.add_argument("--result_dir", default=None, help="also write rank<r>.json there")
     a = p.parse_args()
     hvd.init()
     result = {}
@@ -244,9 +298,11 @@ def main():
             result.update({"tape": scenario_tape, "disagree": scenario_disagree,
                            "partial": scenario_partial,
                            "process_sets": scenario_process_sets,
-                           "join": scenario_join}[scenario]())
+                           "join": scenario_join,
+                           "join_nodes": scenario_join_nodes,
+                           "join_pair": scenario_join_pair}[scenario]())
     result.update(rank=hvd.rank(), size=hvd.size())
-    report(result)
+    report(result, a.result_dir)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ A Horovod script moves by changing its import line:
 
 and runs under `python -m tf_smb.run -np N`, `mpirun` or `horovodrun`. Nothing
 of Horovod is needed. What differs from Horovod 0.28.1 is listed in the README
-("Horovod's API"): process sets and `join` within a node, no Adasum, no
+("Horovod's API"): process sets within a node, no Adasum, no
 `hvd.elastic` (use Keras' BackupAndRestore).
 """
 from __future__ import annotations
@@ -273,7 +273,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
 def join() -> tf.Tensor:
     """This rank has run out of data: it takes part in the others' collectives
     with nothing to add until every rank has joined, then returns the rank that
-    joined last. One node (see collectives.join)."""
+    joined last (see collectives.join)."""
     return _coll.join()
 
 

@@ -503,15 +503,12 @@ def join() -> tf.Tensor:
     and it passes their barriers and receives their broadcasts. Then every rank
     gets the rank that joined last (an int32 scalar tensor).
 
-    Job-wide (the global process set) and on one node; a broadcast whose root
-    has joined stops the job with an error naming it."""
+    Job-wide (the global process set), on one node and across nodes (a node
+    whose every rank has joined learns the others' collectives from another
+    node); a broadcast whose root has joined stops the job with an error
+    naming it."""
     if scope().set_id != 0:
         raise ValueError("hvd.join() is job-wide: call it outside a process set's collectives")
-    if basics.mpi_enabled():
-        raise NotImplementedError(
-            "tf_smb.horovod joins ranks on one node only; this job spans nodes: give every "
-            "rank the same number of steps (e.g. shard the dataset evenly, or repeat it "
-            "and set steps_per_epoch)")
     return smb_ops.join()
 
 

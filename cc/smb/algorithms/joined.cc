@@ -95,7 +95,12 @@ Status ParseDescription(const std::string& desc, std::string* op,
 Status ServeAsJoined(Group& group) {
   std::string text;
   bool complete = false;
-  SMB_RETURN_IF_ERROR(group.PeekNextDescription(&text, &complete));
+  if (group.link() != nullptr && group.AllJoinedHere()) {
+    // No rank of this node trains: the description comes from another node.
+    SMB_RETURN_IF_ERROR(group.LearnAcrossNodes(&text, &complete));
+  } else {
+    SMB_RETURN_IF_ERROR(group.PeekNextDescription(&text, &complete));
+  }
   const std::string who = "rank " + std::to_string(group.job_rank()) + " has joined (hvd.join)";
   if (!complete) {
     // Very many tensors in one collective: their list does not fit the slot.

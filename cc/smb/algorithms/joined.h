@@ -1,7 +1,8 @@
 // A rank that has joined (Horovod's hvd.join: it ran out of data) takes part
 // in the collectives the other ranks still run, with zeros: it reads what the
 // collective is from the description a training rank publishes for it
-// (Group::PeekNextDescription) and runs the same algorithm on zero tensors of
+// (Group::PeekNextDescription; when every rank of its node has joined, from
+// another node's verdict: Group::LearnAcrossNodes) and runs the same algorithm on zero tensors of
 // those dtypes and shapes (all-reduces as AllReduceSumShared, the form every
 // framework adapter uses). All-reduces then sum the others' tensors only,
 // broadcasts and barriers complete as usual; a broadcast from a joined root

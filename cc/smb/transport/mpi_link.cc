@@ -839,11 +839,21 @@ void MpiLink::Decide() {
   for (auto it = decided_.begin(); it != decided_.end();) {
     it = it->second <= taken ? decided_.erase(it) : std::next(it);
   }
-  for (uint64_t key : offers_[0]) {
-    if (decided_.count(key)) continue;
+  auto offers = [&](int n, uint64_t key) {
+    return std::find(offers_[n].begin(), offers_[n].end(), key) != offers_[n].end();
+  };
+  // The order is that of the first node still training (whose every rank has
+  // not joined); a node whose every rank has joined takes any collective.
+  int source = 0;
+  while (source < nodes_ && offers(source, kAnyCollective)) ++source;
+  // Every node has joined: only the join is left, which every node must offer.
+  const bool training = source < nodes_;
+  if (!training) source = 0;
+  for (uint64_t key : offers_[source]) {
+    if (key == kAnyCollective || decided_.count(key)) continue;
     bool everywhere = true;
-    for (int n = 1; n < nodes_ && everywhere; ++n) {
-      everywhere = std::find(offers_[n].begin(), offers_[n].end(), key) != offers_[n].end();
+    for (int n = 0; n < nodes_ && everywhere; ++n) {
+      everywhere = offers(n, key) || (training && offers(n, kAnyCollective));
     }
     if (!everywhere) continue;
     decided_[key] = ++decisions_made_;
