@@ -318,8 +318,6 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         """How many of a dataset's `num_batches` global batches this worker
         trains on in an epoch: every one (each worker takes its part of each),
         or in async mode every size-th (`_experimental_distribute_dataset`)."""
-        if self._job.size == 1:
-            return num_batches
         return self._mode.training_batches(num_batches, self._job)
 
     def _distributed(self, dataset, options, **kwargs):

@@ -165,10 +165,6 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
         # Asynchronous processes never wait for each other's input or logs.
         return self._mode.combines_processes(self._job)
 
-    def _combines_processes(self) -> bool:
-        """Whether reductions go over processes too (not when asynchronous)."""
-        return self._mode.combines_processes(self._job)
-
     @property
     def _num_replicas_in_sync(self) -> int:
         return self._local * self._job.size
@@ -328,13 +324,14 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
         parts = [self._replica_parts(v) for v in values]
         for p in parts:
             data_parallel.check_reducible(p)
+        combines = self._mode.combines_processes(self._job)
         with tf.device(self._variable_device):
             local = smb_ops.replica_sum(parts)
-            if self._combines_processes():
+            if combines:
                 data_parallel.check_not_in_xla()
                 local = self._collectives.allreduce(local)
             if reduce_op == tf.distribute.ReduceOp.MEAN:
-                processes = self._job.size if self._combines_processes() else 1
+                processes = self._job.size if combines else 1
                 counts = [len(p) * processes for p in parts]
                 local = [s / tf.cast(n, s.dtype) if s.dtype.is_floating else s // n
                          for s, n in zip(local, counts)]
@@ -372,7 +369,7 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
         parts = self._replica_parts(value)
         with tf.device(self._variable_device):
             local = parts[0] if len(parts) == 1 else tf.concat(parts, axis=axis)
-            if not self._combines_processes():
+            if not self._mode.combines_processes(self._job):
                 return tf.identity(local)
             return data_parallel.all_gather(self._collectives, local, axis,
                                             self._job.rank, self._job.size)

@@ -114,6 +114,16 @@ struct NodeVerdict {
   char payload[kAgreePayloadBytes];  // data riding on the agreement (see AgreeHere)
 };
 
+std::string TextOf(const NodeVerdict& v) { return std::string(v.text, v.len); }
+
+// The first failure a node reported in its verdict; OK when none did.
+Status FailureIn(const std::vector<NodeVerdict>& all) {
+  for (const NodeVerdict& v : all) {
+    if (v.failed) return Status(static_cast<Code>(v.failed - 1), TextOf(v));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Group::Group(std::shared_ptr<Peers> peers, double timeout_s, std::shared_ptr<NodeLink> link)
@@ -282,10 +292,7 @@ Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local, con
     if (!exchanged.ok()) return exchanged;
   }
   learned_.clear();
-  auto text_of = [](const NodeVerdict& v) { return std::string(v.text, v.len); };
-  for (int n = 0; n < nodes; ++n) {
-    if (all[n].failed) return Status(static_cast<Code>(all[n].failed - 1), text_of(all[n]));
-  }
+  SMB_RETURN_IF_ERROR(FailureIn(all));
   // Nodes whose every rank has joined describe nothing of their own.
   int first = 0;
   while (first < nodes - 1 && all[first].joined) ++first;
@@ -297,15 +304,15 @@ Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local, con
           if (all[q].joined) continue;
           who.push_back("rank " + std::to_string(link_->JobRank(q, 0)) + " (node " +
                         std::to_string(q) + ")");
-          texts.push_back(text_of(all[q]));
+          texts.push_back(TextOf(all[q]));
         }
         return Disagreement(agreement_, who, texts);
       }
       return InvalidArgument("ranks disagree on a collective: rank " +
                              std::to_string(link_->JobRank(first, 0)) + " (node " +
-                             std::to_string(first) + ") called " + text_of(all[first]) +
+                             std::to_string(first) + ") called " + TextOf(all[first]) +
                              "; rank " + std::to_string(link_->JobRank(n, 0)) + " (node " +
-                             std::to_string(n) + ") called " + text_of(all[n]));
+                             std::to_string(n) + ") called " + TextOf(all[n]));
     }
   }
   if (payloads != nullptr) {
@@ -523,12 +530,10 @@ Status Group::LearnAcrossNodes(std::string* text, bool* complete) {
   const int nodes = link_->nodes();
   std::vector<NodeVerdict> all(nodes);
   SMB_RETURN_IF_ERROR(link_->AllGather(&mine, sizeof mine, all.data(), timeout_s()));
-  for (const NodeVerdict& v : all) {
-    if (v.failed) return Status(static_cast<Code>(v.failed - 1), std::string(v.text, v.len));
-  }
+  SMB_RETURN_IF_ERROR(FailureIn(all));
   for (const NodeVerdict& v : all) {
     if (v.joined) continue;
-    text->assign(v.text, v.len);
+    *text = TextOf(v);
     *complete = StableHash(*text) == v.hash;  // the hash is of the whole description
     learned_.resize(sizeof(NodeVerdict) * nodes);
     std::memcpy(learned_.data(), all.data(), learned_.size());

@@ -58,8 +58,10 @@ constexpr int kTagToRankZero = 20;      // a rank -> rank 0: bytes (SendToRankZe
 // default mpirun ends the whole job when a rank dies.
 constexpr double kHeartbeatS = 0.5;
 constexpr double kLostAfterS = 10;
-// A watchdog tick this much later than due means the process was stopped or
-// starved: the others' silence meanwhile says nothing.
+// A watchdog tick this much later than due (the process was stopped or
+// starved), or an MPI call of the link's thread this long that then ended (a
+// blocking receive of a large message): the others' silence meanwhile says
+// nothing.
 constexpr double kStalledS = 2;
 // The link's thread inside one MPI call this long is stuck there for good.
 constexpr double kStuckS = 3 * kLostAfterS;
@@ -590,8 +592,8 @@ void MpiLink::Watch() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!watch_stop_) {
     watch_cv_.wait_for(lock, std::chrono::duration<double>(kHeartbeatS));
-    if (watch_stop_) break;
-    if (!polling_) break;  // the thread left its loop (finalizing, or failed)
+    // !polling_: the link thread left its loop (finalizing, or failed).
+    if (watch_stop_ || !polling_) break;
     const double now = MonotonicSeconds();
     const uint64_t passes = passes_;
     if (now - last_tick > kStalledS) {  // the process was stopped or starved
