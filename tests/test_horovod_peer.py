@@ -30,7 +30,8 @@ NOT_PASSING = {
                                                "runs first: the eager part never runs",
     "test_horovod_broadcast_graph_mode": "passes in graph mode, then skips itself in "
                                          "eager mode: reported as skipped",
-    "test_horovod_join_allreduce": "skips itself without a GPU (and tf_smb has no hvd.join)",
+    "test_horovod_join_allreduce": "skips itself without a GPU (tests/test_horovod_api.py "
+                                   "runs hvd.join on CPU)",
     "test_local_gradient_aggregation": "skips itself on TF2 (TF1 graph optimizers only)",
     "test_local_gradient_aggregation_sparse": "skips itself on TF2 (TF1 graph optimizers only)",
     "test_horovod_syncbn_cpu": "builds keras.layers.BatchNormalization(fused=False): Keras 3 "

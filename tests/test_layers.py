@@ -5,9 +5,15 @@ function), so an import only some code path makes counts too. The top layer,
 which may import anything, is the package's entry (`tf_smb/__init__.py`, whose
 names load lazily), the strategies users create (`strategy.py`,
 `horovod_strategy.py`) and the Keras glue itself (`keras_support/`).
+
+The C++ core too (read from its #include lines): the link between nodes
+(`cc/smb/link/`) knows transports only through `transport/transport.h`, no
+transport knows what is built on it, `mpi.h` is MPI's transport's alone, only
+the communicator picks a transport, and the core knows nothing of TensorFlow.
 """
 import ast
 import os
+import re
 from typing import Dict, Iterator, Set
 
 import pytest
@@ -107,3 +113,74 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path, monkeypatch):
     path.write_text("def f():\n    from tf_smb import keras_support\n    return keras_support\n")
     monkeypatch.setitem(MODULES, "tf_smb.fake_engine", str(path))
     assert GLUE in _reach("tf_smb.fake_engine")
+
+
+# ---- the C++ core -------------------------------------------------------------
+
+CORE_DIR = os.path.join(os.path.dirname(PACKAGE_DIR), "cc", "smb")
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+
+
+def _includes(path: str) -> Set[str]:
+    with open(path) as f:
+        return set(INCLUDE.findall(f.read()))
+
+
+def _core_files() -> Dict[str, Set[str]]:
+    """cc/smb's files, as "cc/smb/..." -> what each includes."""
+    found = {}
+    for folder, _, files in os.walk(CORE_DIR):
+        for name in files:
+            if name.endswith((".h", ".cc")):
+                path = os.path.join(folder, name)
+                found[os.path.relpath(path, os.path.dirname(os.path.dirname(CORE_DIR)))] = \
+                    _includes(path)
+    return found
+
+
+def _breaches(files: Dict[str, Set[str]]) -> list:
+    """Each include that crosses the core's layers the wrong way."""
+    wrong = []
+    for name, included in sorted(files.items()):
+        folder = os.path.dirname(name)
+        for inc in sorted(included):
+            why = None
+            if folder == "cc/smb/link" and inc.startswith("cc/smb/transport/") and \
+                    inc != "cc/smb/transport/transport.h":
+                why = "the link knows transports through transport.h only"
+            elif folder == "cc/smb/transport" and inc.startswith("cc/smb/") and \
+                    os.path.dirname(inc) not in ("cc/smb", "cc/smb/transport"):
+                why = "a transport knows nothing built on it"
+            elif folder == "cc/smb/transport" and inc in ("cc/smb/group.h", "cc/smb/communicator.h",
+                                                          "cc/smb/node_link.h"):
+                why = "a transport knows nothing built on it"
+            elif inc == "mpi.h" and name != "cc/smb/transport/mpi_transport.cc":
+                why = "MPI is the MPI transport's alone"
+            elif inc == "cc/smb/transport/mpi_transport.h" and name not in (
+                    "cc/smb/communicator.cc", "cc/smb/transport/mpi_transport.cc"):
+                why = "only the communicator picks a transport"
+            elif inc.startswith(("tensorflow/", "cc/ops/", "cc/kernels/", "cc/python/")):
+                why = "the core knows nothing of TensorFlow or Python"
+            if why:
+                wrong.append(f"{name} includes {inc}: {why}")
+    return wrong
+
+
+def test_the_cpp_core_has_the_layers_this_test_knows():
+    files = _core_files()
+    assert {"cc/smb/link/transport_link.cc", "cc/smb/transport/transport.h",
+            "cc/smb/transport/mpi_transport.cc", "cc/smb/transport/thread_transport.cc",
+            "cc/smb/communicator.cc"} <= set(files)
+    assert "cc/smb/transport/transport.h" in files["cc/smb/link/transport_link.h"]
+
+
+def test_the_cpp_core_includes_point_one_way():
+    assert not _breaches(_core_files())
+
+
+def test_the_include_check_can_fail():
+    files = _core_files()
+    files["cc/smb/link/transport_link.cc"] = files["cc/smb/link/transport_link.cc"] | {
+        "cc/smb/transport/mpi_transport.h", "mpi.h"}
+    files["cc/smb/transport/mpi_transport.cc"] = {"cc/smb/link/decider.h"}
+    assert len(_breaches(files)) == 3, _breaches(files)

@@ -1,5 +1,5 @@
-"""The MPI transport between nodes (cc/smb/transport/mpi_link.cc), run on this one
-node: `mpirun` with TF_SMB_ACROSS_NODES=1 takes the cross-node path (MPI starts,
+"""The link between nodes (cc/smb/link/) over MPI (cc/smb/transport/mpi_transport.cc),
+run on this one node: `mpirun` with TF_SMB_ACROSS_NODES=1 takes the cross-node path (MPI starts,
 finds one node, the job-wide collective order is decided by node 0's leader
 through MPI messages, MPI_Finalize at exit). tests/test_nodes.py runs it across
 two simulated nodes."""

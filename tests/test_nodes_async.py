@@ -26,7 +26,7 @@ ENV = {"TF_SMB_TIMEOUT": "120", "TEST_TIMEOUT": "120"}
 PER_NODE = 2
 WORLD = 2 * PER_NODE
 PUSHES = 2000
-LOST_AFTER_S = 10  # silence after which a rank is lost (cc/smb/transport/mpi_link.cc)
+LOST_AFTER_S = 10  # silence after which a rank is lost (cc/smb/link/transport_link.h)
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "float64": 8, "int64": 8}
 
 

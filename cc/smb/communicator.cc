@@ -3,7 +3,8 @@
 #include <algorithm>
 
 #include "cc/smb/algorithms/broadcast.h"
-#include "cc/smb/transport/mpi_link.h"
+#include "cc/smb/link/transport_link.h"
+#include "cc/smb/transport/mpi_transport.h"
 #include "cc/smb/transport/shm_peers.h"
 
 namespace smb {
@@ -48,12 +49,14 @@ Status Communicator::Open(const Options& options, std::unique_ptr<Communicator>*
 }
 
 Status Communicator::OpenAcrossNodes(const Options& options, std::unique_ptr<Communicator>* out) {
+  std::unique_ptr<Transport> mpi;
+  SMB_RETURN_IF_ERROR(MakeMpiTransport(&mpi));
+  LinkOptions lo;
+  lo.rank = options.rank;
+  lo.world = options.world;
+  lo.timeout_s = options.timeout_s;
   std::shared_ptr<NodeLink> link;
-  MpiLinkOptions mo;
-  mo.rank = options.rank;
-  mo.world = options.world;
-  mo.timeout_s = options.timeout_s;
-  SMB_RETURN_IF_ERROR(StartMpiLink(mo, &link));
+  SMB_RETURN_IF_ERROR(StartTransportLink(std::move(mpi), lo, &link));
   // One box per node, named by the node's index: boxes of two nodes never
   // collide, even where nodes share /dev/shm.
   const std::string job_id =

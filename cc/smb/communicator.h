@@ -46,7 +46,7 @@ class Communicator {
     bool create = false;
     size_t staging_bytes = kDefaultStagingBytes;
     size_t heap_bytes = kDefaultHeapBytes;
-    // The job spans nodes: MPI (transport/mpi_link.h) finds each rank's node,
+    // The job spans nodes: MPI (transport/mpi_transport.h) finds each rank's node,
     // each node's local rank 0 creates the node's box (`create` is ignored),
     // and the nodes are joined through MPI.
     bool across_nodes = false;

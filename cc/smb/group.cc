@@ -124,6 +124,34 @@ Status FailureIn(const std::vector<NodeVerdict>& all) {
   return Status::Ok();
 }
 
+// A wholly joined node's answer: whether it takes part (AnswerAcrossNodes).
+struct JoinedAnswer {
+  uint32_t failed;  // 0, or 1 + the smb::Code of why it cannot
+  uint32_t len;
+  char text[1016];
+};
+
+bool AnyJoined(const std::vector<NodeVerdict>& all) {
+  return std::any_of(all.begin(), all.end(), [](const NodeVerdict& v) { return v.joined; });
+}
+
+// A node whose every rank has joined learns the collective from the first
+// training node's verdict (`*root`); when that description is longer than a
+// verdict holds, it follows whole, broadcast from that node. Every node sees
+// the same verdicts, so every node decides alike.
+bool DescriptionFollows(const std::vector<NodeVerdict>& all, int* root) {
+  bool joined = false;
+  *root = -1;
+  for (int n = 0; n < static_cast<int>(all.size()); ++n) {
+    if (all[n].joined) {
+      joined = true;
+    } else if (*root < 0) {
+      *root = n;
+    }
+  }
+  return joined && *root >= 0 && StableHash(TextOf(all[*root])) != all[*root].hash;
+}
+
 }  // namespace
 
 Group::Group(std::shared_ptr<Peers> peers, double timeout_s, std::shared_ptr<NodeLink> link)
@@ -290,6 +318,17 @@ Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local, con
   } else {
     Status exchanged = link_->AllGather(&mine, sizeof mine, all.data(), timeout_s());
     if (!exchanged.ok()) return exchanged;
+    SMB_RETURN_IF_ERROR(FailureIn(all));
+    int root = -1;
+    if (DescriptionFollows(all, &root)) {  // for a joined node (LearnAcrossNodes)
+      std::vector<char> whole(kDescTextBytes, 0);
+      if (link_->node() == root) {
+        std::memcpy(whole.data(), full.data(), std::min(full.size(), whole.size() - 1));
+      }
+      SMB_RETURN_IF_ERROR(link_->Broadcast(whole.data(), whole.size(), root, timeout_s()));
+    }
+    // Whether the joined nodes take part, before any data moves.
+    if (AnyJoined(all)) SMB_RETURN_IF_ERROR(ExchangeJoinedAnswers(Status::Ok()));
   }
   learned_.clear();
   SMB_RETURN_IF_ERROR(FailureIn(all));
@@ -531,15 +570,38 @@ Status Group::LearnAcrossNodes(std::string* text, bool* complete) {
   std::vector<NodeVerdict> all(nodes);
   SMB_RETURN_IF_ERROR(link_->AllGather(&mine, sizeof mine, all.data(), timeout_s()));
   SMB_RETURN_IF_ERROR(FailureIn(all));
-  for (const NodeVerdict& v : all) {
-    if (v.joined) continue;
-    *text = TextOf(v);
-    *complete = StableHash(*text) == v.hash;  // the hash is of the whole description
-    learned_.resize(sizeof(NodeVerdict) * nodes);
-    std::memcpy(learned_.data(), all.data(), learned_.size());
-    return Status::Ok();
+  int root = -1;
+  if (DescriptionFollows(all, &root)) {
+    std::vector<char> whole(kDescTextBytes, 0);
+    SMB_RETURN_IF_ERROR(link_->Broadcast(whole.data(), whole.size(), root, timeout_s()));
+    *text = std::string(whole.data(), strnlen(whole.data(), whole.size()));
+  } else if (root >= 0) {
+    *text = TextOf(all[root]);
+  } else {
+    return Internal("every node has joined (hvd.join), yet a collective other than the join runs");
   }
-  return Internal("every node has joined (hvd.join), yet a collective other than the join runs");
+  *complete = StableHash(*text) == all[root].hash;  // the hash is of the whole description
+  learned_.resize(sizeof(NodeVerdict) * nodes);
+  std::memcpy(learned_.data(), all.data(), learned_.size());
+  return Status::Ok();
+}
+
+Status Group::AnswerAcrossNodes(const Status& taking_part) {
+  if (!link_) return InvalidArgument("no other node to answer");
+  return ExchangeJoinedAnswers(taking_part);
+}
+
+Status Group::ExchangeJoinedAnswers(const Status& mine) {
+  JoinedAnswer answer{};
+  answer.failed = mine.ok() ? 0 : 1 + static_cast<uint32_t>(mine.code());
+  answer.len = static_cast<uint32_t>(std::min(mine.message().size(), sizeof answer.text));
+  std::memcpy(answer.text, mine.message().data(), answer.len);
+  std::vector<JoinedAnswer> all(link_->nodes());
+  SMB_RETURN_IF_ERROR(link_->AllGather(&answer, sizeof answer, all.data(), timeout_s()));
+  for (const JoinedAnswer& a : all) {
+    if (a.failed) return Status(static_cast<Code>(a.failed - 1), std::string(a.text, a.len));
+  }
+  return Status::Ok();
 }
 
 Status Group::PeekNextDescription(std::string* text, bool* complete) {

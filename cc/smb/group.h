@@ -134,9 +134,15 @@ class Group {
   // Across nodes, for a rank whose whole node has joined: takes part, saying
   // "joined", in the exchange of the nodes' verdicts that opens the
   // collective the others run next, and gives the description a node still
-  // training sent (as PeekNextDescription does on one node). That
+  // training sent (as PeekNextDescription does on one node; one too long for
+  // a verdict follows it whole, broadcast from that node). That
   // collective's own AgreeAcrossNodes then uses this exchange.
   Status LearnAcrossNodes(std::string* text, bool* complete);
+  // Then, before any data moves: tells the training nodes whether this rank
+  // takes part (`taking_part` OK) or why it cannot; they fail the collective
+  // with that reason (AgreeAcrossNodes). Returns the first reason any
+  // wholly joined node gave.
+  Status AnswerAcrossNodes(const Status& taking_part);
   // The description (with its agreement) that a rank still training published
   // for the collective this rank is about to run, once it has: what a joined
   // rank needs to take part with zeros. *complete: false when the box's slot
@@ -166,6 +172,8 @@ class Group {
   std::string next_agreement_;  // see SetNextAgreement
   std::string agreement_;       // the current collective's, from AgreeHere to AgreeAcrossNodes
   std::vector<char> learned_;   // the nodes' verdicts LearnAcrossNodes got, for AgreeAcrossNodes
+  // The exchange of wholly joined nodes' answers (AnswerAcrossNodes).
+  Status ExchangeJoinedAnswers(const Status& mine);
 };
 
 }  // namespace smb

@@ -3,8 +3,8 @@
 // every node is linked with local rank r of the others: a node-partial sum
 // of slice r crosses the network once per node, in L streams at a time.
 // Group (group.h) and the algorithms use this interface only; a transport
-// implements it (transport/mpi_link.h: Open MPI, through one communication
-// thread per process).
+// implements it (link/transport_link.h, over any transport/transport.h:
+// Open MPI's, or threads of one process in the C++ tests).
 //
 // Collectives here run among "my counterparts": the ranks with this local
 // rank on every node, in the order the job's collectives are decided (see
@@ -158,6 +158,13 @@ class NodeLink {
                             std::function<Status()> local_failure) = 0;
   // Why the job failed (another rank's failure or a link error); OK while it runs.
   virtual Status Failure() const = 0;
+
+  // ---- Leaving ----
+  // Tells the others this rank leaves, keeps serving its segments until
+  // every other rank has left too (or is lost), then ends the link's thread
+  // and the transport. Runs at process exit for every link; a test calls it
+  // to end links whose transport it is about to take down.
+  virtual void Stop() = 0;
 };
 
 }  // namespace smb

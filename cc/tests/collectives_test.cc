@@ -6,7 +6,9 @@
 // collectives submitted from several threads in a different order on every
 // rank, failure that stops every rank, a rank that leaves, the step clock,
 // Horovod's join (ranks that ran out of data add zeros), a node's async
-// pushes combined in its box (NodeCombiner, with its pushing thread).
+// pushes combined in its box (NodeCombiner, with its pushing thread). The
+// collectives run again with the ranks spread over 2 nodes, each node's box a
+// ThreadGroup and the nodes joined by the link over a ThreadNetwork.
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <functional>
 #include <future>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -24,34 +27,53 @@
 
 #include "cc/smb/algorithms/replica_sum.h"
 #include "cc/smb/communicator.h"
+#include "cc/smb/link/transport_link.h"
 #include "cc/smb/param_server.h"
 #include "cc/smb/process.h"
 #include "cc/smb/scheduler.h"
 #include "cc/smb/segment/node_combiner.h"
 #include "cc/smb/transport/shm_peers.h"
 #include "cc/smb/transport/thread_peers.h"
+#include "cc/smb/transport/thread_transport.h"
+#include "cc/tests/check.h"
 
 namespace {
 
-std::mutex failures_mu;
-int failures = 0;
+using smb_test::Check;
 
-void Check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::lock_guard<std::mutex> lock(failures_mu);
-    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
-    ++failures;
-  }
-}
+// The nodes the ranks of RunRanks are spread over (main runs the tests with 1
+// and with 2).
+int nodes = 1;
 
 // Runs body(rank, comm) on `world` threads, each with its own Communicator.
+// Across nodes, each node's ranks meet in a ThreadGroup (the node's box) and
+// the nodes are joined by the link between nodes over a ThreadNetwork.
 void RunRanks(int world, size_t staging, double timeout_s,
               const std::function<void(int, std::shared_ptr<smb::Communicator>)>& body) {
-  smb::ThreadGroup group(world, staging, size_t{16} << 20);
+  const int local_size = world / nodes;
+  Check(local_size * nodes == world, "a world of " + std::to_string(world) + " over " +
+                                         std::to_string(nodes) + " nodes");
+  std::vector<std::unique_ptr<smb::ThreadGroup>> boxes;
+  for (int n = 0; n < nodes; ++n) {
+    boxes.push_back(std::make_unique<smb::ThreadGroup>(local_size, staging, size_t{16} << 20));
+  }
+  smb::ThreadNetwork network(nodes, local_size);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&group, &body, r, timeout_s] {
-      body(r, smb::Communicator::Create(group.Join(r), timeout_s));
+    threads.emplace_back([&, r] {
+      std::shared_ptr<smb::NodeLink> link;
+      if (nodes > 1) {
+        smb::LinkOptions options;
+        options.rank = r;
+        options.world = world;
+        options.timeout_s = timeout_s;
+        smb::Status s = smb::StartTransportLink(network.Connect(r), options, &link);
+        Check(s.ok(), "rank " + std::to_string(r) + " starting the link: " + s.ToString());
+        if (!s.ok()) return;
+      }
+      body(r, smb::Communicator::Create(boxes[r / local_size]->Join(r % local_size), timeout_s,
+                                        link));
+      if (link) link->Stop();  // before the network goes
     });
   }
   for (std::thread& t : threads) t.join();
@@ -177,11 +199,16 @@ void TestRecoverableDisagreement(int world) {
                                                    {static_cast<int64_t>(a.size())}, a.data(),
                                                    out.data()}});
                         });
-    const std::string expected = "hvd.allreduce: the ranks disagree on the shape (rank 0: [3], ";
+    // Across nodes the node whose ranks disagree names them, with their nodes
+    // when the nodes disagree.
+    const std::string first = nodes == 1 ? "rank 0: [3], " : "rank " +
+                              std::to_string(world == 2 ? 0 : world - 2) +
+                              (world == 2 ? " (node 0)" : "") + ": [3], ";
+    const std::string last = "rank " + std::to_string(world - 1) +
+                             (world == 2 && nodes == 2 ? " (node 1)" : "") + ": [4])";
     Check(s.code() == smb::Code::kFailedPrecondition &&
-              s.message().find(expected) == 0 &&
-              s.message().find("rank " + std::to_string(world - 1) + ": [4])") !=
-                  std::string::npos,
+              s.message().find("hvd.allreduce: the ranks disagree on the shape (" + first) == 0 &&
+              s.message().find(last) != std::string::npos,
           Where("recoverable disagreement: " + s.ToString(), world, rank));
     Check(out[0] == -1.0f, Where("nothing written on a disagreement", world, rank));
     std::vector<float> b(5, static_cast<float>(rank + 1)), sum(5);
@@ -305,7 +332,8 @@ void TestJoin(int world) {
                         s.ToString(), world, rank));
       }
       // A model's worth of gradients in one collective (ResNet-50 has 161):
-      // a joined rank reads all their shapes from the description.
+      // a joined rank reads all their shapes from the description (across
+      // nodes, a wholly joined node gets it whole from a training node).
       constexpr int kTensors = 400;
       std::vector<std::vector<float>> ins, outs;
       std::vector<smb::TensorRef> refs;
@@ -652,10 +680,12 @@ void TestNodeCombiner() {
   box->Unlink();
 }
 
-int main() {
-  TestReplicaSum();
-  TestParamServer();
-  for (int world : {2, 3}) {
+// Each collective test at each world size, the ranks spread over `spread` nodes.
+void TestCollectives(int spread, std::initializer_list<int> worlds) {
+  nodes = spread;
+  for (int world : worlds) {
+    std::printf("%d node(s), world %d\n", spread, world);
+    std::fflush(stdout);
     TestAllReduceAndBroadcast(world);
     TestSharedResults(world);
     TestDisagreementStopsEveryRank(world);
@@ -663,10 +693,18 @@ int main() {
     TestSchedulerAgreesOrder(world);
     TestJoin(world);
   }
+  nodes = 1;
+}
+
+int main() {
+  TestReplicaSum();
+  TestParamServer();
+  TestCollectives(1, {2, 3});
+  // Across 2 nodes (1 and 2 ranks a node), over the link between nodes.
+  TestCollectives(2, {2, 4});
   TestGoneRankFailsTheOthers();
   TestStepClock();
   TestWaitAllFinishedWaitsForTheSameRound();
   TestNodeCombiner();
-  if (failures == 0) std::printf("collectives_test: all checks passed\n");
-  return failures == 0 ? 0 : 1;
+  return smb_test::Report("collectives_test");
 }

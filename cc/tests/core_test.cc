@@ -13,17 +13,11 @@
 #include "cc/smb/box.h"
 #include "cc/smb/communicator.h"
 #include "cc/smb/dtype.h"
+#include "cc/tests/check.h"
 
 namespace {
 
-int failures = 0;
-
-void Check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
-    ++failures;
-  }
-}
+using smb_test::Check;
 
 void TestSums() {
   const float a[] = {1.5f, -2.0f, 1e30f};
@@ -140,6 +134,5 @@ int main() {
   TestAxpyRoundsOnce();
   TestBoxAndSegments();
   TestSingleWorkerCommunicator();
-  if (failures == 0) std::printf("core_test: all checks passed\n");
-  return failures == 0 ? 0 : 1;
+  return smb_test::Report("core_test");
 }

@@ -25,19 +25,11 @@
 #include "cc/smb/scheduler.h"
 #include "cc/smb/timeline.h"
 #include "cc/smb/transport/thread_peers.h"
+#include "cc/tests/check.h"
 
 namespace {
 
-int failures = 0;
-std::mutex failures_mu;
-
-void Check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::lock_guard<std::mutex> lock(failures_mu);
-    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
-    ++failures;
-  }
-}
+using smb_test::Check;
 
 std::string Read(const std::string& path) {
   std::ifstream in(path);
@@ -263,6 +255,5 @@ int main(int argc, char** argv) {
   TestRecording(dir);
   TestMerge(dir);
   TestMergeAcrossHosts(dir);
-  if (failures == 0) std::printf("all checks passed\n");
-  return failures == 0 ? 0 : 1;
+  return smb_test::Report("timeline_test");
 }

@@ -92,75 +92,99 @@ Status ParseDescription(const std::string& desc, std::string* op,
   return Status::Ok();
 }
 
+namespace {
+
+// What a joined rank takes part in, read from the description it got.
+struct JoinedCollective {
+  std::string agreement, desc, op;
+  std::vector<TensorRef> tensors;  // `in` and `out` null
+};
+
+// Reads `text` (a description after its agreement's lines); not OK, with
+// the reason, when this rank cannot take part with zeros.
+Status ReadJoinedCollective(const Group& group, const std::string& text, bool complete,
+                            const std::string& who, JoinedCollective* c) {
+  if (!complete) {
+    // Very many tensors in one collective: their list does not fit the slot.
+    return Status(Code::kInvalidArgument,
+                  who + ", and the others' collective is too long to describe for it to take "
+                        "part (" + text.substr(text.rfind('\n') + 1, 60) +
+                      "...): 300-500 tensors fit; fuse fewer tensors per collective");
+  }
+  const size_t line = text.rfind('\n');
+  c->agreement = line == std::string::npos ? "" : text.substr(0, line);
+  c->desc = line == std::string::npos ? text : text.substr(line + 1);
+  Status parsed = ParseDescription(c->desc, &c->op, &c->tensors);
+  if (!parsed.ok()) {
+    return Status(Code::kInternal, who + " and cannot read the collective it must take part "
+                                         "in: " + parsed.message());
+  }
+  // Zeros leave sums alone, not minima, maxima or products (Horovod's ops
+  // name theirs in the agreement's fields: "...;reduce op=Min;...").
+  const std::string reduce_op = AgreementField(c->agreement, "reduce op");
+  if (reduce_op == "Min" || reduce_op == "Max" || reduce_op == "Product") {
+    return Status(Code::kInvalidArgument,
+                  who + " and cannot take part in an all-reduce with op " + reduce_op +
+                      ": a joined rank adds zeros, which only Sum and Average leave alone");
+  }
+  if (c->desc != "barrier" && Describe(c->op, c->tensors) != c->desc) {
+    return Status(Code::kInternal, who + " and misread the collective it must take part in: '" +
+                                       c->desc.substr(0, 80) + "'");
+  }
+  if (c->op.rfind("broadcast from rank ", 0) == 0) {
+    const int root = std::atoi(c->op.c_str() + std::strlen("broadcast from rank "));
+    if (root == group.job_rank()) {
+      return Status(Code::kInvalidArgument,
+                    who + ", so it has nothing to broadcast as the root of " + c->desc);
+    }
+  } else if (c->op != "allreduce" && c->op != "barrier") {
+    return Status(Code::kInvalidArgument,
+                  who + " and cannot take part in " + c->desc +
+                      ": a joined rank takes part in all-reduces, broadcasts and barriers only");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ServeAsJoined(Group& group) {
   std::string text;
   bool complete = false;
-  if (group.link() != nullptr && group.AllJoinedHere()) {
-    // No rank of this node trains: the description comes from another node.
+  // No rank of this node trains: the description comes from another node.
+  const bool learned = group.link() != nullptr && group.AllJoinedHere();
+  if (learned) {
     SMB_RETURN_IF_ERROR(group.LearnAcrossNodes(&text, &complete));
   } else {
     SMB_RETURN_IF_ERROR(group.PeekNextDescription(&text, &complete));
   }
   const std::string who = "rank " + std::to_string(group.job_rank()) + " has joined (hvd.join)";
-  if (!complete) {
-    // Very many tensors in one collective: their list does not fit the slot.
-    return group.Fail(Status(
-        Code::kInvalidArgument,
-        who + ", and the others' collective is too long to describe for it to take part (" +
-            text.substr(text.rfind('\n') + 1, 60) + "...): 300-500 tensors fit; fuse fewer "
-            "tensors per collective"));
+  JoinedCollective c;
+  const Status ready = ReadJoinedCollective(group, text, complete, who, &c);
+  if (learned) {
+    // The training nodes hear whether this node takes part before any data
+    // moves: a sum riding on the exchange would otherwise end without it.
+    const Status answered = group.AnswerAcrossNodes(ready);
+    if (ready.ok() && !answered.ok()) return answered;
   }
-  const size_t line = text.rfind('\n');
-  const std::string agreement = line == std::string::npos ? "" : text.substr(0, line);
-  const std::string desc = line == std::string::npos ? text : text.substr(line + 1);
-  std::string op;
-  std::vector<TensorRef> tensors;
-  Status parsed = ParseDescription(desc, &op, &tensors);
-  if (!parsed.ok()) {
-    return group.Fail(Status(Code::kInternal, who + " and cannot read the collective it " +
-                                                  "must take part in: " + parsed.message()));
-  }
-  // Zeros leave sums alone, not minima, maxima or products (Horovod's ops
-  // name theirs in the agreement's fields: "...;reduce op=Min;...").
-  const std::string reduce_op = AgreementField(agreement, "reduce op");
-  if (reduce_op == "Min" || reduce_op == "Max" || reduce_op == "Product") {
-    return group.Fail(Status(Code::kInvalidArgument,
-                             who + " and cannot take part in an all-reduce with op " + reduce_op +
-                                 ": a joined rank adds zeros, which only Sum and Average leave "
-                                 "alone"));
-  }
+  if (!ready.ok()) return group.Fail(ready);
   // Zeros in, scratch out: what this rank adds to a sum is nothing.
   std::vector<std::vector<char>> zeros;
-  for (TensorRef& t : tensors) {
+  for (TensorRef& t : c.tensors) {
     zeros.emplace_back(NumBytes(t), 0);
     t.in = zeros.back().data();
   }
-  if (desc != "barrier" && Describe(op, tensors) != desc) {
-    return group.Fail(Status(Code::kInternal, who + " and misread the collective it must take "
-                                                    "part in: '" + desc.substr(0, 80) + "'"));
-  }
-  group.SetNextAgreement(agreement);
-  if (op == "allreduce") {
+  group.SetNextAgreement(c.agreement);
+  if (c.op == "allreduce") {
     ScratchOutputs outputs;
     std::vector<void*> sums;
     std::shared_ptr<ResultHold> hold;  // released at once: nothing reads the sums here
-    return AllReduceSumShared(group, tensors, &outputs, &sums, &hold);
+    return AllReduceSumShared(group, c.tensors, &outputs, &sums, &hold);
   }
-  if (op.rfind("broadcast from rank ", 0) == 0) {
-    const int root = std::atoi(op.c_str() + std::strlen("broadcast from rank "));
-    if (root == group.job_rank()) {
-      return group.Fail(Status(Code::kInvalidArgument,
-                               who + ", so it has nothing to broadcast as the root of " + desc));
-    }
-    ScratchOutputs outputs;
-    SMB_RETURN_IF_ERROR(outputs.AllocateOutputs(&tensors));
-    return Broadcast(group, root, tensors);
-  }
-  if (op == "barrier") return group.Agree("barrier", "barrier");
-  return group.Fail(Status(Code::kInvalidArgument,
-                           who + " and cannot take part in " + desc +
-                               ": a joined rank takes part in all-reduces, broadcasts and "
-                               "barriers only"));
+  if (c.op == "barrier") return group.Agree("barrier", "barrier");
+  const int root = std::atoi(c.op.c_str() + std::strlen("broadcast from rank "));
+  ScratchOutputs outputs;
+  SMB_RETURN_IF_ERROR(outputs.AllocateOutputs(&c.tensors));
+  return Broadcast(group, root, c.tensors);
 }
 
 }  // namespace smb

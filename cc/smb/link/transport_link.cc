@@ -1,24 +1,5 @@
-#include "cc/smb/transport/mpi_link.h"
+#include "cc/smb/link/transport_link.h"
 
-#ifndef TF_SMB_WITH_MPI
-
-namespace smb {
-
-bool MpiLinkAvailable() { return false; }
-
-Status StartMpiLink(const MpiLinkOptions&, std::shared_ptr<NodeLink>*) {
-  return Status(Code::kInternal,
-                "this job spans several nodes, but tf_smb's library was built without MPI "
-                "(mpi.h was not found when it was compiled): install Open MPI's development "
-                "files (apt-get install libopenmpi-dev) and remove ~/.cache/tf_smb/ops (or "
-                "reinstall tf_smb) so that it is rebuilt with MPI");
-}
-
-}  // namespace smb
-
-#else  // TF_SMB_WITH_MPI
-
-#include <mpi.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -34,13 +15,14 @@ Status StartMpiLink(const MpiLinkOptions&, std::shared_ptr<NodeLink>*) {
 #include <unordered_map>
 #include <utility>
 
+#include "cc/smb/link/decider.h"
+#include "cc/smb/link/segment_wire.h"
 #include "cc/smb/process.h"
 
 namespace smb {
 namespace {
 
-// Point-to-point control messages (on a duplicate of MPI_COMM_WORLD, so they
-// never match a collective's traffic).
+// The link's messages (the transport keeps them apart from collectives).
 constexpr int kTagCandidates = 11;  // leader -> node 0's leader: [applied, keys...]
 constexpr int kTagDecision = 12;    // node 0's leader -> leaders: [seq, key]
 constexpr int kTagFailure = 13;     // anyone -> everyone: [code, message]
@@ -53,35 +35,18 @@ constexpr int kTagDeclaredLost = 19;    // a survivor -> a rank it had found los
 constexpr int kTagToRankZero = 20;      // a rank -> rank 0: bytes (SendToRankZero)
 
 // Every rank tells the ranks of other nodes it is alive this often; one not
-// heard from for kLostAfterS is lost (its node died or was cut off). Only
-// matters where mpirun lets the others run on (--enable-recovery): by
-// default mpirun ends the whole job when a rank dies.
+// heard from for LinkOptions::lost_after_s is lost (its node died or was cut
+// off). Only matters where the launcher lets the others run on (mpirun
+// --enable-recovery): by default mpirun ends the whole job when a rank dies.
 constexpr double kHeartbeatS = 0.5;
-constexpr double kLostAfterS = 10;
 // A watchdog tick this much later than due (the process was stopped or
-// starved), or an MPI call of the link's thread this long that then ended (a
-// blocking receive of a large message): the others' silence meanwhile says
-// nothing.
+// starved), or a transport call of the link's thread this long that then
+// ended (a blocking receive of a large message): the others' silence
+// meanwhile says nothing.
 constexpr double kStalledS = 2;
-// The link's thread inside one MPI call this long is stuck there for good.
-constexpr double kStuckS = 3 * kLostAfterS;
-
-// A segment request on the wire: this header, then the payload.
-struct WireRequest {
-  uint64_t id;
-  int32_t kind, dtype, num_dims, rule;
-  uint32_t write, consistent, read_back, unused;
-  double learning_rate, momentum;
-  int64_t dims[8];
-  char name[128];
-};
-// A reply: this header, then the data (a read's value).
-struct WireReply {
-  uint64_t id;
-  int32_t code;
-  uint32_t message_len;
-  char message[496];
-};
+// The link's thread inside one transport call for 3 x lost_after_s is stuck
+// there for good.
+constexpr double kStuckLostAfters = 3;
 
 std::vector<char> Words(const std::vector<uint64_t>& words) {
   std::vector<char> bytes(words.size() * sizeof(uint64_t));
@@ -90,29 +55,14 @@ std::vector<char> Words(const std::vector<uint64_t>& words) {
 }
 
 constexpr double kWaitSliceS = 0.02;  // how often waiters look at the job's failure
-constexpr double kFailedFinalizeWaitS = 60;  // exit's wait for MPI_Finalize after a failure
+constexpr double kFailedFinalizeWaitS = 60;  // exit's wait for the thread after a failure
 
-std::string MpiError(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
-  return std::string(text, len);
-}
-
-// dst = src + dst, for float16/bfloat16 carried as 16-bit words.
-void SumHalf(void* in, void* inout, int* len, MPI_Datatype*) {
-  SumInto(DType::kFloat16, inout, in, inout, static_cast<size_t>(*len));
-}
-void SumBFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
-  SumInto(DType::kBFloat16, inout, in, inout, static_cast<size_t>(*len));
-}
-
-// One MPI operation a caller waits for, started and completed on the thread.
+// One collective a caller waits for, started and completed on the thread.
 struct Op : LinkOp {
-  std::function<int(MPI_Request*)> start;
-  MPI_Request request = MPI_REQUEST_NULL;
+  std::function<Status(Transport&, std::unique_ptr<Transfer>*)> start;
+  std::unique_ptr<Transfer> transfer;  // thread only
   bool done = false;
-  int error = MPI_SUCCESS;
+  Status error;
   std::vector<char> buffer;  // memory the operation owns (outlives an abandoned wait)
 };
 
@@ -125,11 +75,13 @@ struct PendingCall {
   Status status;
 };
 
-class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
+class TransportLink : public NodeLink, public std::enable_shared_from_this<TransportLink> {
  public:
-  Status Begin(const MpiLinkOptions& options);
-  void Stop();
-  ~MpiLink() override { Stop(); }
+  explicit TransportLink(std::unique_ptr<Transport> transport)
+      : transport_(std::move(transport)), transport_name_(transport_->name()) {}
+  Status Begin(const LinkOptions& options);
+  void Stop() override;
+  ~TransportLink() override { Stop(); }
 
   int node() const override { return node_; }
   int nodes() const override { return nodes_; }
@@ -178,12 +130,13 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   }
 
  private:
-  Status Setup(const MpiLinkOptions& options);  // on the thread
+  Status Setup(const LinkOptions& options);  // on the thread
   // The thread; `self` keeps the link alive while it runs.
-  static void Loop(std::shared_ptr<MpiLink> self, MpiLinkOptions options);
-  void Work(const MpiLinkOptions& options);
+  static void Loop(std::shared_ptr<TransportLink> self, LinkOptions options);
+  void Work(const LinkOptions& options);
   // The watchdog thread: finds the other nodes' silent ranks, and notices the
-  // link's thread stuck inside MPI (Open MPI may hang after a peer dies).
+  // link's thread stuck inside the transport (Open MPI may hang after a peer
+  // dies).
   void Watch();
   void StopWatch();
   Status Run(const std::shared_ptr<Op>& op, const std::string& what, double timeout_s);
@@ -200,8 +153,8 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   }
   // On the thread:
   bool Receive();
+  // Node 0's leader: takes node `node`'s offer, sends what it decides.
   void Offer(int node, const std::vector<uint64_t>& message);
-  void Decide();
   // Skips a lost rank unless `even_if_lost`.
   void Send(int to, int tag, std::vector<char> bytes, bool even_if_lost = false);
   // From any thread: the link's thread sends it.
@@ -210,13 +163,13 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   bool Serve(int from, const std::vector<char>& message);
   void Answer(const std::vector<char>& message);
 
+  std::unique_ptr<Transport> transport_;  // called on the thread only
+  const std::string transport_name_;      // for messages
+  double lost_after_s_ = 10;
   // Layout, fixed once Begin() returns.
   int rank_ = 0, world_ = 1, node_ = 0, nodes_ = 1, local_rank_ = 0, local_size_ = 1;
   std::vector<int> job_rank_of_;      // [node * local_size + local] -> job rank
   std::vector<int> node_of_, local_of_;  // job rank -> node, local rank
-  MPI_Comm cross_ = MPI_COMM_NULL;    // my counterparts, ranked by node
-  MPI_Comm control_ = MPI_COMM_NULL;  // point-to-point control messages
-  MPI_Op sum_half_ = MPI_OP_NULL, sum_bfloat16_ = MPI_OP_NULL;
 
   std::thread thread_;
   std::thread watchdog_;
@@ -225,8 +178,9 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   mutable std::mutex mu_;
   std::condition_variable watch_cv_;  // wakes the watchdog to end
   bool watch_stop_ = false;
-  // The thread made no pass for kStuckS while the process ran: it is stuck
-  // inside MPI, and the exit does not wait for it (mu_).
+  // The thread made no pass for kStuckLostAfters x lost_after_s while the
+  // process ran: it is stuck inside the transport, and the exit does not
+  // wait for it (mu_).
   bool stuck_ = false;
   std::condition_variable work_cv_;  // wakes the thread
   std::condition_variable done_cv_;  // wakes callers
@@ -234,7 +188,7 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   Status setup_;
   bool stop_ = false;
   bool finished_ = false;            // the thread returned
-  double finalize_wait_s_ = 600;     // how long exit waits for MPI_Finalize
+  double finalize_wait_s_ = 600;     // how long exit waits for the others to leave
   std::deque<std::shared_ptr<Op>> queue_;
   std::vector<std::shared_ptr<Op>> active_;  // thread only
   // Leader: what to offer next (latest wins), decisions not yet taken.
@@ -251,17 +205,12 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   std::function<void()> wake_cb_;
   std::function<void(int, std::vector<char>)> rank_zero_receiver_;  // SetRankZeroReceiver
   std::function<Status()> local_failure_cb_;
-  // Node 0's leader only (thread only): every node's offer and the keys
-  // decided that an offer may still name.
-  std::vector<std::vector<uint64_t>> offers_;
-  std::vector<uint64_t> applied_by_node_;
-  std::unordered_map<uint64_t, uint64_t> decided_;  // key -> decision number
-  uint64_t decisions_made_ = 0;
+  // Node 0's leader only (thread only).
+  std::unique_ptr<Decider> decider_;
   // Sends in flight (thread only), and sends other threads posted (mu_).
   struct Sending {
-    MPI_Request request;
+    std::unique_ptr<Transfer> transfer;
     int to, tag;
-    std::shared_ptr<std::vector<char>> buffer;
   };
   std::vector<Sending> sends_;
   struct Outgoing {
@@ -271,7 +220,7 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   std::deque<Outgoing> outbox_;
   // The memory server, segment calls waiting for replies, other nodes' clocks (mu_).
   SegmentServer server_;
-  uint64_t next_call_ = 1;
+  std::atomic<uint64_t> next_call_{1};
   std::unordered_map<uint64_t, PendingCall*> calls_;
   std::unordered_map<int, RemoteClock> clocks_;
   // Exit: a rank keeps serving its segments until every rank is leaving
@@ -286,7 +235,7 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   std::unique_ptr<std::atomic<bool>[]> lost_;  // set by the watchdog, under mu_
   std::vector<bool> told_lost_;     // sent kTagDeclaredLost (thread only)
   double next_heartbeat_ = 0;
-  std::atomic<bool> peers_lost_{false};  // a rank is gone: never MPI_Finalize
+  std::atomic<bool> peers_lost_{false};  // a rank is gone: never finish the transport
   std::atomic<bool> keep_going_{false};  // see KeepGoingWithoutLostRanks
   std::string lost_names_;               // "2 (node 1), 3 (node 1)" (mu_)
   void CheckLiveness(double now, bool link_stuck);  // on the watchdog
@@ -295,68 +244,40 @@ class MpiLink : public NodeLink, public std::enable_shared_from_this<MpiLink> {
   bool OthersGone() const;
 };
 
-Status MpiLink::Begin(const MpiLinkOptions& options) {
+Status TransportLink::Begin(const LinkOptions& options) {
   finalize_wait_s_ = options.timeout_s;
-  thread_ = std::thread(&MpiLink::Loop, shared_from_this(), options);
+  lost_after_s_ = options.lost_after_s;
+  thread_ = std::thread(&TransportLink::Loop, shared_from_this(), options);
   std::unique_lock<std::mutex> lock(mu_);
-  // MPI_Init waits for every rank: one that never joins must not hang this one.
+  // Starting waits for every rank: one that never joins must not hang this one.
   if (!done_cv_.wait_for(lock, std::chrono::duration<double>(options.timeout_s),
                          [&] { return started_; })) {
     thread_.detach();  // it keeps the link alive; the OS ends it
     return Status(Code::kDeadlineExceeded,
                   "rank " + std::to_string(options.rank) + " timed out after " +
                       std::to_string(static_cast<int>(options.timeout_s)) +
-                      "s starting MPI between nodes: do all " + std::to_string(options.world) +
+                      "s starting " + transport_name_ + " between nodes: do all " + std::to_string(options.world) +
                       " ranks create tf_smb.SMBStrategy() (or call tf_smb.init())?");
   }
-  if (setup_.ok() && nodes_ > 1) watchdog_ = std::thread(&MpiLink::Watch, this);
+  if (setup_.ok() && nodes_ > 1) watchdog_ = std::thread(&TransportLink::Watch, this);
   return setup_;
 }
 
-Status MpiLink::Setup(const MpiLinkOptions& options) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) {
-    int provided = 0;
-    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
-    if (rc != MPI_SUCCESS) return Status(Code::kInternal, "MPI_Init_thread failed: " + MpiError(rc));
-  }
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_);
-  if (rank_ != options.rank || world_ != options.world) {
-    return InvalidArgument("the launcher's environment says rank " + std::to_string(options.rank) +
-                           " of " + std::to_string(options.world) + ", but MPI says rank " +
-                           std::to_string(rank_) + " of " + std::to_string(world_) +
-                           " (were these processes started by one mpirun/srun?)");
-  }
-  // The ranks that share memory with this one are its node.
-  MPI_Comm node_comm;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm);
-  MPI_Comm_rank(node_comm, &local_rank_);
-  MPI_Comm_size(node_comm, &local_size_);
-  MPI_Comm leaders;
-  MPI_Comm_split(MPI_COMM_WORLD, local_rank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders);
-  int where[2] = {0, 0};  // node index, nodes
-  if (local_rank_ == 0) {
-    MPI_Comm_rank(leaders, &where[0]);
-    MPI_Comm_size(leaders, &where[1]);
-    MPI_Comm_free(&leaders);
-  }
-  MPI_Bcast(where, 2, MPI_INT, 0, node_comm);
-  MPI_Comm_free(&node_comm);
-  node_ = where[0];
-  nodes_ = where[1];
-  // Every rank's place: (node, local rank, local size).
-  const int mine[3] = {node_, local_rank_, local_size_};
-  std::vector<int> all(3 * static_cast<size_t>(world_));
-  MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, MPI_COMM_WORLD);
+Status TransportLink::Setup(const LinkOptions& options) {
+  Layout layout;
+  SMB_RETURN_IF_ERROR(transport_->Start(options.rank, options.world, &layout));
+  rank_ = layout.rank;
+  world_ = layout.world;
+  nodes_ = layout.nodes;
+  node_ = layout.node_of[rank_];
+  local_rank_ = layout.local_of[rank_];
+  local_size_ = layout.local_size_of[rank_];
   std::string sizes;
   bool uneven = false;
   std::vector<int> per_node(nodes_, 0);
   for (int r = 0; r < world_; ++r) {
-    per_node[all[3 * r]] = all[3 * r + 2];
-    if (all[3 * r + 2] != local_size_) uneven = true;
+    per_node[layout.node_of[r]] = layout.local_size_of[r];
+    if (layout.local_size_of[r] != local_size_) uneven = true;
   }
   if (uneven) {
     for (int n = 0; n < nodes_; ++n) {
@@ -364,24 +285,11 @@ Status MpiLink::Setup(const MpiLinkOptions& options) {
     }
     return InvalidArgument("every node of a job must run the same number of workers, got " + sizes);
   }
+  node_of_ = layout.node_of;
+  local_of_ = layout.local_of;
   job_rank_of_.assign(world_, 0);
-  node_of_.assign(world_, 0);
-  local_of_.assign(world_, 0);
-  for (int r = 0; r < world_; ++r) {
-    node_of_[r] = all[3 * r];
-    local_of_[r] = all[3 * r + 1];
-    job_rank_of_[node_of_[r] * local_size_ + local_of_[r]] = r;
-  }
-  MPI_Comm_split(MPI_COMM_WORLD, local_rank_, node_, &cross_);
-  MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
-  MPI_Comm_dup(MPI_COMM_WORLD, &control_);
-  MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
-  MPI_Op_create(&SumHalf, /*commute=*/1, &sum_half_);
-  MPI_Op_create(&SumBFloat16, /*commute=*/1, &sum_bfloat16_);
-  if (node_ == 0 && local_rank_ == 0) {
-    offers_.assign(nodes_, {});
-    applied_by_node_.assign(nodes_, 0);
-  }
+  for (int r = 0; r < world_; ++r) job_rank_of_[node_of_[r] * local_size_ + local_of_[r]] = r;
+  if (node_ == 0 && local_rank_ == 0) decider_ = std::make_unique<Decider>(nodes_);
   last_heard_ = std::make_unique<std::atomic<double>[]>(world_);
   left_ = std::make_unique<std::atomic<bool>[]>(world_);
   lost_ = std::make_unique<std::atomic<bool>[]>(world_);
@@ -402,12 +310,12 @@ void NameThisThread(const char* name) {
 #endif
 }
 
-void MpiLink::Loop(std::shared_ptr<MpiLink> self, MpiLinkOptions options) {
+void TransportLink::Loop(std::shared_ptr<TransportLink> self, LinkOptions options) {
   NameThisThread("smb_link");
   self->Work(options);
 }
 
-void MpiLink::Work(const MpiLinkOptions& options) {
+void TransportLink::Work(const LinkOptions& options) {
   Status setup = Setup(options);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -422,9 +330,9 @@ void MpiLink::Work(const MpiLinkOptions& options) {
     return;
   }
   // Sleeps grow while nothing happens: up to 1 ms when idle, but only up to
-  // 50 us while anything is in flight (an MPI operation, a segment call, or
-  // an offer awaiting its decision): MPI progresses, and a message is seen,
-  // only when this thread polls. (Measured: a fit step of a 0.67M-parameter
+  // 50 us while anything is in flight (a collective, a segment call, or an
+  // offer awaiting its decision): the transport progresses (MPI does), and a
+  // message is seen, only when this thread polls. (Measured: a fit step of a 0.67M-parameter
   // MLP, 2 nodes x 2 workers, 5 Gbit/s, took 33 ms at 1 ms, 24 ms at 50 us.)
   constexpr double kIdleSleepS = 1e-3, kInFlightSleepS = 50e-6;
   double idle_s = 0;
@@ -464,9 +372,10 @@ void MpiLink::Work(const MpiLinkOptions& options) {
       busy = true;
     }
     for (auto& op : starting) {
-      op->error = op->start(&op->request);
-      if (op->error != MPI_SUCCESS) {
+      Status started = op->start(*transport_, &op->transfer);
+      if (!started.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
+        op->error = std::move(started);
         op->done = true;
         done_cv_.notify_all();
       } else {
@@ -483,15 +392,14 @@ void MpiLink::Work(const MpiLinkOptions& options) {
       busy = true;
     }
     for (size_t i = 0; i < active_.size();) {
-      int flag = 0;
-      const int rc = MPI_Test(&active_[i]->request, &flag, MPI_STATUS_IGNORE);
-      if (rc == MPI_SUCCESS && !flag) {
+      Status outcome;
+      if (!transport_->Test(active_[i]->transfer.get(), &outcome)) {
         ++i;
         continue;
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
-        active_[i]->error = rc;
+        active_[i]->error = std::move(outcome);
         active_[i]->done = true;
       }
       done_cv_.notify_all();
@@ -499,9 +407,8 @@ void MpiLink::Work(const MpiLinkOptions& options) {
       busy = true;
     }
     for (size_t i = 0; i < sends_.size();) {
-      int flag = 0;
-      const int rc = MPI_Test(&sends_[i].request, &flag, MPI_STATUS_IGNORE);
-      if (rc == MPI_SUCCESS && !flag) {
+      Status outcome;  // a failed send: its peer is gone, which liveness finds
+      if (!transport_->Test(sends_[i].transfer.get(), &outcome)) {
         ++i;
         continue;
       }
@@ -518,7 +425,7 @@ void MpiLink::Work(const MpiLinkOptions& options) {
       if (now >= next_heartbeat_) {
         next_heartbeat_ = now + kHeartbeatS;
         // One heartbeat in flight per rank: to a rank that died, each new
-        // send would be another failed connect in Open MPI's TCP transport.
+        // send would be another failed connect (in Open MPI's TCP transport).
         std::vector<bool> beating(world_, false);
         for (const Sending& s : sends_) {
           if (s.tag == kTagHeartbeat) beating[s.to] = true;
@@ -556,23 +463,17 @@ void MpiLink::Work(const MpiLinkOptions& options) {
              !failure_to_send_.ok() || !outbox_.empty();
     });
   }
-  polling_ = false;  // MPI_Finalize may block a while: not a stuck call
-  // Every rank finalizes (else mpirun calls the job failed), unless an
-  // operation is stuck on a peer, or a peer is gone: MPI_Finalize would wait
-  // for it forever.
-  if (active_.empty() && !peers_lost_) {
-    MPI_Op_free(&sum_half_);
-    MPI_Op_free(&sum_bfloat16_);
-    MPI_Comm_free(&cross_);
-    MPI_Comm_free(&control_);
-    MPI_Finalize();
-  }
+  polling_ = false;  // finishing may block a while: not a stuck call
+  // Every rank finishes the transport (else mpirun calls the job failed),
+  // unless an operation is stuck on a peer, or a peer is gone: MPI_Finalize
+  // would wait for it forever.
+  if (active_.empty() && !peers_lost_) transport_->Finish();
   std::lock_guard<std::mutex> lock(mu_);
   finished_ = true;
   done_cv_.notify_all();
 }
 
-bool MpiLink::OthersGone() const {
+bool TransportLink::OthersGone() const {
   for (int r = 0; r < world_; ++r) {
     // Once a rank is lost nobody finalizes, and this node's ranks never call
     // this rank's server (they share the box): only other nodes' ranks count.
@@ -582,7 +483,7 @@ bool MpiLink::OthersGone() const {
   return true;
 }
 
-void MpiLink::Watch() {
+void TransportLink::Watch() {
   NameThisThread("smb_watchdog");
   const auto excuse_silence = [this](double now) {  // nobody could be heard
     for (int r = 0; r < world_; ++r) last_heard_[r] = std::max(last_heard_[r].load(), now);
@@ -601,17 +502,17 @@ void MpiLink::Watch() {
       moved_at = now;
     }
     if (passes != seen) {
-      if (now - moved_at > kStalledS) excuse_silence(now);  // a long MPI call ended
+      if (now - moved_at > kStalledS) excuse_silence(now);  // a long transport call ended
       moved_at = now;
     }
     seen = passes;
     last_tick = now;
     // The thread polls at least every millisecond; a long pass is a blocking
-    // MPI call (receiving a large message), and one that never returns is
-    // stuck (seen with Open MPI 4.1's TCP transport after a peer died
-    // mid-message): that thread hears no one any more.
+    // transport call (MPI receiving a large message), and one that never
+    // returns is stuck (seen with Open MPI 4.1's TCP transport after a peer
+    // died mid-message): that thread hears no one any more.
     const double still_s = now - moved_at;
-    const bool link_stuck = still_s >= kStuckS;
+    const bool link_stuck = still_s >= kStuckLostAfters * lost_after_s_;
     if (link_stuck && !stuck_) {
       stuck_ = true;
       done_cv_.notify_all();  // the exit stops waiting for the thread
@@ -623,7 +524,7 @@ void MpiLink::Watch() {
   }
 }
 
-void MpiLink::StopWatch() {
+void TransportLink::StopWatch() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     watch_stop_ = true;
@@ -632,12 +533,12 @@ void MpiLink::StopWatch() {
   if (watchdog_.joinable()) watchdog_.join();
 }
 
-void MpiLink::CheckLiveness(double now, bool link_stuck) {
+void TransportLink::CheckLiveness(double now, bool link_stuck) {
   if (!Failure().ok()) return;
   std::vector<int> silent;
   std::string lost;
   for (int r = 0; r < world_; ++r) {
-    if (node_of_[r] == node_ || left_[r] || lost_[r] || now - last_heard_[r] < kLostAfterS) {
+    if (node_of_[r] == node_ || left_[r] || lost_[r] || now - last_heard_[r] < lost_after_s_) {
       continue;
     }
     silent.push_back(r);
@@ -647,10 +548,11 @@ void MpiLink::CheckLiveness(double now, bool link_stuck) {
   if (silent.empty()) return;
   peers_lost_ = true;
   const std::string what =
-      "rank(s) " + lost + " sent nothing for " + std::to_string(static_cast<int>(kLostAfterS)) +
+      "rank(s) " + lost + " sent nothing for " + std::to_string(static_cast<int>(lost_after_s_)) +
       " s: lost (their node died or was cut off" +
-      (link_stuck ? "; this rank's MPI thread is stuck in an MPI call, as Open MPI can be "
-                    "after a peer died, so it hears no one)"
+      (link_stuck ? "; this rank's " + transport_name_ + " thread is stuck in an " +
+                        transport_name_ + " call, as Open MPI can be after a peer died, so it " +
+                        "hears no one)"
                   : ")");
   if (keep_going_) {
     // The asynchronous mode goes on without them: their clocks count as
@@ -686,7 +588,7 @@ void MpiLink::CheckLiveness(double now, bool link_stuck) {
   Fail(failure);
 }
 
-void MpiLink::Stop() {
+void TransportLink::Stop() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!thread_.joinable()) return;
   if (std::this_thread::get_id() == thread_.get_id()) {
@@ -697,7 +599,8 @@ void MpiLink::Stop() {
   }
   stop_ = true;
   work_cv_.notify_all();
-  // Never hang the exit on peers that are gone, nor on a thread stuck in MPI:
+  // Never hang the exit on peers that are gone, nor on a thread stuck in the
+  // transport:
   // after the wait (short when the job failed), leave the thread (which keeps
   // the link alive) to the OS.
   const double wait_s = failure_.ok() ? finalize_wait_s_ : kFailedFinalizeWaitS;
@@ -713,17 +616,17 @@ void MpiLink::Stop() {
   }
 }
 
-void MpiLink::Send(int to, int tag, std::vector<char> bytes, bool even_if_lost) {
+void TransportLink::Send(int to, int tag, std::vector<char> bytes, bool even_if_lost) {
   if (!even_if_lost && Lost(to)) return;  // nobody would take it
-  auto buffer = std::make_shared<std::vector<char>>(std::move(bytes));
-  MPI_Request request;
-  if (MPI_Isend(buffer->data(), static_cast<int>(buffer->size()), MPI_BYTE, to, tag, control_,
-                &request) == MPI_SUCCESS) {
-    sends_.push_back({request, to, tag, std::move(buffer)});
+  std::unique_ptr<Transfer> transfer;
+  // A send that fails to start: its peer is gone, which liveness finds.
+  if (transport_->Send(to, tag, std::make_shared<const std::vector<char>>(std::move(bytes)),
+                       &transfer).ok()) {
+    sends_.push_back({std::move(transfer), to, tag});
   }
 }
 
-void MpiLink::Post(int to, int tag, std::vector<char> bytes) {
+void TransportLink::Post(int to, int tag, std::vector<char> bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     outbox_.push_back({to, tag, std::move(bytes)});
@@ -731,86 +634,80 @@ void MpiLink::Post(int to, int tag, std::vector<char> bytes) {
   work_cv_.notify_all();
 }
 
-bool MpiLink::Receive() {
-  int flag = 0;
-  MPI_Status status;
-  if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, control_, &flag, &status) != MPI_SUCCESS || !flag) {
-    return false;
-  }
-  int bytes = 0;
-  MPI_Get_count(&status, MPI_BYTE, &bytes);
-  std::vector<char> message(std::max(bytes, 1));
-  MPI_Recv(message.data(), bytes, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, control_,
-           MPI_STATUS_IGNORE);
-  message.resize(bytes);
-  last_heard_[status.MPI_SOURCE] = MonotonicSeconds();
-  if (status.MPI_TAG == kTagDeclaredLost) {
+bool TransportLink::Receive() {
+  int from = 0, tag = 0;
+  std::vector<char> message;
+  if (!transport_->Receive(&from, &tag, &message)) return false;
+  const size_t bytes = message.size();
+  last_heard_[from] = MonotonicSeconds();
+  if (tag == kTagDeclaredLost) {
     // This rank was silent long enough for another to go on without it (it
     // stalled, or the network did): the others moved on, so it must stop,
     // loudly, rather than train on a copy of the parameters no one else sees.
     const Status failure(Code::kAborted,
                          "rank " + std::to_string(rank_) + " (node " + std::to_string(node_) +
-                             ") sent nothing for " + std::to_string(static_cast<int>(kLostAfterS)) +
-                             " s, so rank " + std::to_string(status.MPI_SOURCE) +
+                             ") sent nothing for " + std::to_string(static_cast<int>(lost_after_s_)) +
+                             " s, so rank " + std::to_string(from) +
                              " went on without it (the asynchronous mode survives lost nodes); "
                              "this rank stops");
-    // The others count this rank as gone and will not finalize with it:
-    // MPI_Finalize would wait for them (the exit's whole failed-job wait).
+    // The others count this rank as gone and will not finish the transport
+    // with it: MPI_Finalize would wait for them (the exit's whole failed-job
+    // wait).
     peers_lost_ = true;
     Fail(failure);
     return true;
   }
-  if (Lost(status.MPI_SOURCE)) {
-    if (!told_lost_[status.MPI_SOURCE]) {
-      told_lost_[status.MPI_SOURCE] = true;
-      Send(status.MPI_SOURCE, kTagDeclaredLost, {}, /*even_if_lost=*/true);
+  if (Lost(from)) {
+    if (!told_lost_[from]) {
+      told_lost_[from] = true;
+      Send(from, kTagDeclaredLost, {}, /*even_if_lost=*/true);
     }
     return true;  // what a lost rank says no longer counts
   }
-  if (status.MPI_TAG == kTagHeartbeat) return true;
-  if (status.MPI_TAG == kTagSegmentRequest) {
-    if (!unserved_.empty() || !Serve(status.MPI_SOURCE, message)) {
-      unserved_.emplace_back(status.MPI_SOURCE, std::move(message));
+  if (tag == kTagHeartbeat) return true;
+  if (tag == kTagSegmentRequest) {
+    if (!unserved_.empty() || !Serve(from, message)) {
+      unserved_.emplace_back(from, std::move(message));
     }
     return true;
   }
-  if (status.MPI_TAG == kTagSegmentReply) {
+  if (tag == kTagSegmentReply) {
     Answer(message);
     return true;
   }
-  if (status.MPI_TAG == kTagToRankZero) {
+  if (tag == kTagToRankZero) {
     std::function<void(int, std::vector<char>)> receiver;
     {
       std::lock_guard<std::mutex> lock(mu_);
       receiver = rank_zero_receiver_;
     }
     if (receiver) {
-      receiver(status.MPI_SOURCE, std::move(message));
+      receiver(from, std::move(message));
     } else {
-      std::fprintf(stderr, "tf_smb: rank 0 dropped %d bytes from rank %d: nothing takes them\n",
-                   bytes, status.MPI_SOURCE);
+      std::fprintf(stderr, "tf_smb: rank 0 dropped %zu bytes from rank %d: nothing takes them\n",
+                   bytes, from);
     }
     return true;
   }
-  if (status.MPI_TAG == kTagLeaving) {
-    if (!left_[status.MPI_SOURCE]) ++leaving_;
-    left_[status.MPI_SOURCE] = true;
+  if (tag == kTagLeaving) {
+    if (!left_[from]) ++leaving_;
+    left_[from] = true;
     return true;
   }
   std::vector<uint64_t> words(bytes / sizeof(uint64_t));
   if (!words.empty()) std::memcpy(words.data(), message.data(), words.size() * sizeof(uint64_t));
   const int count = static_cast<int>(words.size());
-  if (status.MPI_TAG == kTagClock && count == 2) {
+  if (tag == kTagClock && count == 2) {
     std::function<void()> wake;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      clocks_[status.MPI_SOURCE] = {status.MPI_SOURCE, words[0], words[1]};
+      clocks_[from] = {from, words[0], words[1]};
       wake = wake_cb_;
     }
     if (wake) wake();
-  } else if (status.MPI_TAG == kTagCandidates) {
-    Offer(node_of_[status.MPI_SOURCE], words);
-  } else if (status.MPI_TAG == kTagDecision && count == 2) {
+  } else if (tag == kTagCandidates) {
+    Offer(node_of_[from], words);
+  } else if (tag == kTagDecision && count == 2) {
     std::function<void()> wake;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -818,7 +715,7 @@ bool MpiLink::Receive() {
       wake = wake_cb_;
     }
     if (wake) wake();
-  } else if (status.MPI_TAG == kTagFailure && count >= 1) {
+  } else if (tag == kTagFailure && count >= 1) {
     std::string text(reinterpret_cast<const char*>(words.data() + 1),
                      (words.size() - 1) * sizeof(uint64_t));
     text.resize(std::strlen(text.c_str()));
@@ -828,51 +725,22 @@ bool MpiLink::Receive() {
   return true;
 }
 
-void MpiLink::Offer(int node, const std::vector<uint64_t>& message) {
-  if (message.empty()) return;
-  applied_by_node_[node] = message[0];
-  offers_[node].assign(message.begin() + 1, message.end());
-  Decide();
-}
-
-void MpiLink::Decide() {
-  // Decisions every node has taken can no longer appear in any offer.
-  const uint64_t taken = *std::min_element(applied_by_node_.begin(), applied_by_node_.end());
-  for (auto it = decided_.begin(); it != decided_.end();) {
-    it = it->second <= taken ? decided_.erase(it) : std::next(it);
-  }
-  auto offers = [&](int n, uint64_t key) {
-    return std::find(offers_[n].begin(), offers_[n].end(), key) != offers_[n].end();
-  };
-  // The order is that of the first node still training (whose every rank has
-  // not joined); a node whose every rank has joined takes any collective.
-  int source = 0;
-  while (source < nodes_ && offers(source, kAnyCollective)) ++source;
-  // Every node has joined: only the join is left, which every node must offer.
-  const bool training = source < nodes_;
-  if (!training) source = 0;
-  for (uint64_t key : offers_[source]) {
-    if (key == kAnyCollective || decided_.count(key)) continue;
-    bool everywhere = true;
-    for (int n = 0; n < nodes_ && everywhere; ++n) {
-      everywhere = offers(n, key) || (training && offers(n, kAnyCollective));
-    }
-    if (!everywhere) continue;
-    decided_[key] = ++decisions_made_;
+void TransportLink::Offer(int node, const std::vector<uint64_t>& message) {
+  for (const Decision& decision : decider_->Offer(node, message)) {
     for (int n = 1; n < nodes_; ++n) {
-      Send(JobRank(n, 0), kTagDecision, Words({decisions_made_, key}));
+      Send(JobRank(n, 0), kTagDecision, Words({decision.number, decision.key}));
     }
     std::function<void()> wake;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      decisions_.push_back(key);
+      decisions_.push_back(decision.key);
       wake = wake_cb_;
     }
     if (wake) wake();
   }
 }
 
-void MpiLink::OfferCandidates(const std::vector<uint64_t>& keys) {
+void TransportLink::OfferCandidates(const std::vector<uint64_t>& keys) {
   std::lock_guard<std::mutex> lock(mu_);
   awaiting_ = keys.size();
   std::vector<uint64_t> message;
@@ -886,7 +754,7 @@ void MpiLink::OfferCandidates(const std::vector<uint64_t>& keys) {
   work_cv_.notify_all();
 }
 
-bool MpiLink::NextDecision(uint64_t* key) {
+bool TransportLink::NextDecision(uint64_t* key) {
   std::lock_guard<std::mutex> lock(mu_);
   if (decisions_.empty()) return false;
   *key = decisions_.front();
@@ -896,12 +764,12 @@ bool MpiLink::NextDecision(uint64_t* key) {
   return true;
 }
 
-void MpiLink::SetFailure(const Status& failure) {
+void TransportLink::SetFailure(const Status& failure) {
   if (failure_.ok() && !failure.ok()) failure_ = failure;
   done_cv_.notify_all();
 }
 
-void MpiLink::Fail(const Status& failure) {
+void TransportLink::Fail(const Status& failure) {
   std::function<void(const Status&)> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -911,7 +779,7 @@ void MpiLink::Fail(const Status& failure) {
   if (failed) failed(failure);
 }
 
-void MpiLink::SendFailure(const Status& failure) {
+void TransportLink::SendFailure(const Status& failure) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.ok()) return;  // failed already: the others know
   SetFailure(failure);
@@ -919,7 +787,7 @@ void MpiLink::SendFailure(const Status& failure) {
   work_cv_.notify_all();
 }
 
-void MpiLink::SetCallbacks(std::function<void(const Status&)> failed, std::function<void()> wake,
+void TransportLink::SetCallbacks(std::function<void(const Status&)> failed, std::function<void()> wake,
                            std::function<Status()> local_failure) {
   std::lock_guard<std::mutex> lock(mu_);
   failed_cb_ = std::move(failed);
@@ -927,12 +795,12 @@ void MpiLink::SetCallbacks(std::function<void(const Status&)> failed, std::funct
   local_failure_cb_ = std::move(local_failure);
 }
 
-Status MpiLink::Run(const std::shared_ptr<Op>& op, const std::string& what, double timeout_s) {
+Status TransportLink::Run(const std::shared_ptr<Op>& op, const std::string& what, double timeout_s) {
   SMB_RETURN_IF_ERROR(Enqueue(op));
   return Await(*op, what, timeout_s);
 }
 
-Status MpiLink::Enqueue(const std::shared_ptr<Op>& op) {
+Status TransportLink::Enqueue(const std::shared_ptr<Op>& op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.ok()) return failure_;
@@ -943,7 +811,7 @@ Status MpiLink::Enqueue(const std::shared_ptr<Op>& op) {
   return Status::Ok();
 }
 
-Status MpiLink::Await(const Op& op, const std::string& what, double timeout_s) {
+Status TransportLink::Await(const Op& op, const std::string& what, double timeout_s) {
   std::function<Status()> local_failure;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -956,12 +824,12 @@ Status MpiLink::Await(const Op& op, const std::string& what, double timeout_s) {
       done_cv_.wait_for(lock, std::chrono::duration<double>(kWaitSliceS),
                         [&] { return op.done || !failure_.ok(); });
       if (op.done) {
-        if (op.error == MPI_SUCCESS) return Status::Ok();
+        if (op.error.ok()) return Status::Ok();
         peers_lost_ = true;
         const Status failed(Code::kAborted, "rank " + std::to_string(rank_) + " (node " +
                                                 std::to_string(node_) + ") lost its link to " +
                                                 "the other nodes in " + what + ": " +
-                                                MpiError(op.error));
+                                                op.error.message());
         SetFailure(failed);
         return failed;
       }
@@ -987,30 +855,18 @@ Status MpiLink::Await(const Op& op, const std::string& what, double timeout_s) {
   }
 }
 
-void MpiLink::SetSegmentServer(SegmentServer server) {
+void TransportLink::SetSegmentServer(SegmentServer server) {
   std::lock_guard<std::mutex> lock(mu_);
   server_ = std::move(server);
 }
 
-Status MpiLink::CallSegmentServer(int home, const SegmentRequest& request, const void* payload,
+Status TransportLink::CallSegmentServer(int home, const SegmentRequest& request, const void* payload,
                                   size_t payload_bytes, void* reply, size_t reply_bytes,
                                   double timeout_s) {
-  if (request.name.size() >= sizeof(WireRequest::name) || request.shape.size() > 8) {
-    return InvalidArgument("segment name or shape too long for a remote call: '" +
-                           request.name + "'");
-  }
-  WireRequest wire{};
-  wire.kind = static_cast<int32_t>(request.kind);
-  wire.dtype = static_cast<int32_t>(request.dtype);
-  wire.num_dims = static_cast<int32_t>(request.shape.size());
-  for (size_t i = 0; i < request.shape.size(); ++i) wire.dims[i] = request.shape[i];
-  wire.rule = request.rule;
-  wire.write = request.write;
-  wire.consistent = request.consistent;
-  wire.read_back = request.read_back;
-  wire.learning_rate = request.learning_rate;
-  wire.momentum = request.momentum;
-  std::memcpy(wire.name, request.name.data(), request.name.size());
+  // The id first: the message is built once, outside the lock.
+  const uint64_t id = next_call_++;
+  std::vector<char> message;
+  SMB_RETURN_IF_ERROR(EncodeSegmentRequest(id, request, payload, payload_bytes, &message));
   PendingCall call{reply, reply_bytes, -1};
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1025,13 +881,9 @@ Status MpiLink::CallSegmentServer(int home, const SegmentRequest& request, const
                                         ", the home of segment '" + request.name +
                                         "', was lost");
     }
-    wire.id = next_call_++;
-    calls_[wire.id] = &call;
+    calls_[id] = &call;
   }
   const int server = call.server;
-  std::vector<char> message(sizeof wire + payload_bytes);
-  std::memcpy(message.data(), &wire, sizeof wire);
-  if (payload_bytes) std::memcpy(message.data() + sizeof wire, payload, payload_bytes);
   Post(server, kTagSegmentRequest, std::move(message));
   std::function<Status()> local_failure;
   {
@@ -1055,7 +907,7 @@ Status MpiLink::CallSegmentServer(int home, const SegmentRequest& request, const
                             std::to_string(home) + ") to serve segment '" + request.name + "'");
       }
       if (!failed.ok()) {
-        calls_.erase(wire.id);  // a late reply finds no one to write to
+        calls_.erase(id);  // a late reply finds no one to write to
         return failed;
       }
     }
@@ -1063,78 +915,58 @@ Status MpiLink::CallSegmentServer(int home, const SegmentRequest& request, const
       failed = local_failure();
       if (!failed.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
-        calls_.erase(wire.id);
+        calls_.erase(id);
         return failed;
       }
     }
   }
 }
 
-bool MpiLink::Serve(int from, const std::vector<char>& message) {
+bool TransportLink::Serve(int from, const std::vector<char>& message) {
   SegmentServer server;
   {
     std::lock_guard<std::mutex> lock(mu_);
     server = server_;
   }
   if (!server) return false;
-  WireReply answer{};
+  uint64_t id = 0;
+  SegmentRequest request;
+  const char* payload = nullptr;
+  size_t payload_bytes = 0;
   std::vector<char> data;
-  Status status;
-  if (message.size() < sizeof(WireRequest)) {
-    status = InvalidArgument("a segment request of " + std::to_string(message.size()) + " bytes");
-  } else {
-    WireRequest wire;
-    std::memcpy(&wire, message.data(), sizeof wire);
-    answer.id = wire.id;
-    SegmentRequest request;
-    request.kind = static_cast<SegmentRequest::Kind>(wire.kind);
-    request.name.assign(wire.name, strnlen(wire.name, sizeof wire.name));
-    request.dtype = static_cast<DType>(wire.dtype);
-    request.shape.assign(wire.dims, wire.dims + std::min(8, std::max(0, wire.num_dims)));
-    request.write = wire.write != 0;
-    request.consistent = wire.consistent != 0;
-    request.read_back = wire.read_back != 0;
-    request.rule = wire.rule;
-    request.learning_rate = wire.learning_rate;
-    request.momentum = wire.momentum;
-    status = server(request, message.data() + sizeof wire, message.size() - sizeof wire, &data);
-  }
-  answer.code = static_cast<int32_t>(status.code());
-  const std::string& text = status.message();
-  answer.message_len = static_cast<uint32_t>(std::min(text.size(), sizeof answer.message));
-  std::memcpy(answer.message, text.data(), answer.message_len);
-  std::vector<char> reply(sizeof answer + (status.ok() ? data.size() : 0));
-  std::memcpy(reply.data(), &answer, sizeof answer);
-  if (status.ok() && !data.empty()) std::memcpy(reply.data() + sizeof answer, data.data(), data.size());
+  const Status status =
+      DecodeSegmentRequest(message, &id, &request, &payload, &payload_bytes)
+          ? server(request, payload, payload_bytes, &data)
+          : InvalidArgument("a segment request of " + std::to_string(message.size()) + " bytes");
+  std::vector<char> reply = EncodeSegmentReply(id, status, data);
   Send(from, kTagSegmentReply, std::move(reply));
   return true;
 }
 
-void MpiLink::Answer(const std::vector<char>& message) {
-  if (message.size() < sizeof(WireReply)) return;
-  WireReply answer;
-  std::memcpy(&answer, message.data(), sizeof answer);
+void TransportLink::Answer(const std::vector<char>& message) {
+  uint64_t id = 0;
+  Status status;
+  const char* data = nullptr;
+  size_t data_bytes = 0;
+  if (!DecodeSegmentReply(message, &id, &status, &data, &data_bytes)) return;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = calls_.find(answer.id);
+  auto it = calls_.find(id);
   if (it == calls_.end()) return;  // its caller gave up
   PendingCall* call = it->second;
   calls_.erase(it);
-  const size_t data = message.size() - sizeof answer;
-  if (answer.code != 0) {
-    call->status = Status(static_cast<Code>(answer.code),
-                          std::string(answer.message, std::min<size_t>(answer.message_len,
-                                                                       sizeof answer.message)));
-  } else if (data != call->reply_bytes) {
-    call->status = Internal("a segment reply of " + std::to_string(data) + " bytes, expected " +
-                            std::to_string(call->reply_bytes));
-  } else if (data != 0) {
-    std::memcpy(call->reply, message.data() + sizeof answer, data);
+  if (!status.ok()) {
+    call->status = std::move(status);
+  } else if (data_bytes != call->reply_bytes) {
+    call->status = Internal("a segment reply of " + std::to_string(data_bytes) +
+                            " bytes, expected " + std::to_string(call->reply_bytes));
+  } else if (data_bytes != 0) {
+    std::memcpy(call->reply, data, data_bytes);
   }
   call->done = true;
   done_cv_.notify_all();
 }
 
-void MpiLink::PublishClock(uint64_t steps, uint64_t phase) {
+void TransportLink::PublishClock(uint64_t steps, uint64_t phase) {
   for (int n = 0; n < nodes_; ++n) {
     if (n == node_) continue;
     for (int local = 0; local < local_size_; ++local) {
@@ -1143,7 +975,7 @@ void MpiLink::PublishClock(uint64_t steps, uint64_t phase) {
   }
 }
 
-std::vector<RemoteClock> MpiLink::RemoteClocks() const {
+std::vector<RemoteClock> TransportLink::RemoteClocks() const {
   std::vector<RemoteClock> out;
   std::lock_guard<std::mutex> lock(mu_);
   for (int r = 0; r < world_; ++r) {
@@ -1155,56 +987,31 @@ std::vector<RemoteClock> MpiLink::RemoteClocks() const {
   return out;
 }
 
-MPI_Datatype MpiType(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return MPI_FLOAT;
-    case DType::kFloat64: return MPI_DOUBLE;
-    case DType::kFloat16:
-    case DType::kBFloat16:
-    case DType::kUInt16: return MPI_UINT16_T;
-    case DType::kInt32: return MPI_INT32_T;
-    case DType::kInt64: return MPI_INT64_T;
-    case DType::kInt8: return MPI_INT8_T;
-    case DType::kUInt8: return MPI_UINT8_T;
-    case DType::kInt16: return MPI_INT16_T;
-  }
-  return MPI_BYTE;
-}
-
-Status MpiLink::AllReduceSum(DType dtype, void* data, size_t count, double timeout_s) {
+Status TransportLink::AllReduceSum(DType dtype, void* data, size_t count, double timeout_s) {
   std::shared_ptr<LinkOp> op;
   SMB_RETURN_IF_ERROR(StartAllReduceSum(dtype, data, count, &op));
   return Wait(op, timeout_s);
 }
 
-Status MpiLink::Wait(const std::shared_ptr<LinkOp>& op, double timeout_s) {
+Status TransportLink::Wait(const std::shared_ptr<LinkOp>& op, double timeout_s) {
   if (op == nullptr) return Status::Ok();  // nothing was started
   return Await(static_cast<const Op&>(*op), "the cross-node all-reduce", timeout_s);
 }
 
-Status MpiLink::StartAllReduceSum(DType dtype, void* data, size_t count,
-                                  std::shared_ptr<LinkOp>* started) {
+Status TransportLink::StartAllReduceSum(DType dtype, void* data, size_t count,
+                                        std::shared_ptr<LinkOp>* started) {
   started->reset();
   if (nodes_ == 1 || count == 0) return Status::Ok();
-  if (count > static_cast<size_t>(INT32_MAX)) {
-    return InvalidArgument("a cross-node slice of " + std::to_string(count) +
-                           " elements is too large for one MPI call");
-  }
-  MPI_Op op = dtype == DType::kFloat16    ? sum_half_
-              : dtype == DType::kBFloat16 ? sum_bfloat16_
-                                          : MPI_SUM;
-  const MPI_Datatype type = MpiType(dtype);
-  MPI_Comm comm = cross_;
   auto run = std::make_shared<Op>();
-  run->start = [=](MPI_Request* request) {
-    return MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), type, op, comm, request);
+  run->start = [=](Transport& transport, std::unique_ptr<Transfer>* transfer) {
+    return transport.StartAllReduceSum(dtype, data, count, transfer);
   };
   SMB_RETURN_IF_ERROR(Enqueue(run));
   *started = std::move(run);
   return Status::Ok();
 }
 
-Status MpiLink::AllGather(const void* in, size_t bytes, void* out, double timeout_s) {
+Status TransportLink::AllGather(const void* in, size_t bytes, void* out, double timeout_s) {
   if (nodes_ == 1) {
     std::memcpy(out, in, bytes);
     return Status::Ok();
@@ -1213,45 +1020,37 @@ Status MpiLink::AllGather(const void* in, size_t bytes, void* out, double timeou
   run->buffer.resize(bytes * (nodes_ + 1));
   std::memcpy(run->buffer.data(), in, bytes);
   char* base = run->buffer.data();
-  MPI_Comm comm = cross_;
-  const int n = static_cast<int>(bytes);
-  run->start = [=](MPI_Request* request) {
-    return MPI_Iallgather(base, n, MPI_BYTE, base + n, n, MPI_BYTE, comm, request);
+  run->start = [=](Transport& transport, std::unique_ptr<Transfer>* transfer) {
+    return transport.StartAllGather(base, bytes, base + bytes, transfer);
   };
   SMB_RETURN_IF_ERROR(Run(run, "the cross-node agreement", timeout_s));
   std::memcpy(out, run->buffer.data() + bytes, bytes * nodes_);
   return Status::Ok();
 }
 
-Status MpiLink::Broadcast(void* data, size_t bytes, int root, double timeout_s) {
+Status TransportLink::Broadcast(void* data, size_t bytes, int root, double timeout_s) {
   if (nodes_ == 1 || bytes == 0) return Status::Ok();
-  if (bytes > static_cast<size_t>(INT32_MAX)) {
-    return InvalidArgument("a cross-node broadcast of " + std::to_string(bytes) +
-                           " bytes is too large for one MPI call");
-  }
   auto run = std::make_shared<Op>();
   run->buffer.assign(static_cast<char*>(data), static_cast<char*>(data) + bytes);
   char* base = run->buffer.data();
-  MPI_Comm comm = cross_;
-  const int n = static_cast<int>(bytes);
-  run->start = [=](MPI_Request* request) {
-    return MPI_Ibcast(base, n, MPI_BYTE, root, comm, request);
+  run->start = [=](Transport& transport, std::unique_ptr<Transfer>* transfer) {
+    return transport.StartBroadcast(base, bytes, root, transfer);
   };
   SMB_RETURN_IF_ERROR(Run(run, "the cross-node broadcast", timeout_s));
   std::memcpy(data, run->buffer.data(), bytes);
   return Status::Ok();
 }
 
-// Links alive in this process, stopped (MPI finalized) at exit.
+// Links alive in this process, stopped (the transport finished) at exit.
 std::mutex links_mu;
-std::vector<std::weak_ptr<MpiLink>>& Links() {
+std::vector<std::weak_ptr<TransportLink>>& Links() {
   // Constructed before the atexit handler is registered: destroyed after it runs.
-  static std::vector<std::weak_ptr<MpiLink>> links;
+  static std::vector<std::weak_ptr<TransportLink>> links;
   return links;
 }
 
 void StopLinksAtExit() {
-  std::vector<std::shared_ptr<MpiLink>> alive;
+  std::vector<std::shared_ptr<TransportLink>> alive;
   {
     std::lock_guard<std::mutex> lock(links_mu);
     for (auto& weak : Links()) {
@@ -1263,10 +1062,9 @@ void StopLinksAtExit() {
 
 }  // namespace
 
-bool MpiLinkAvailable() { return true; }
-
-Status StartMpiLink(const MpiLinkOptions& options, std::shared_ptr<NodeLink>* out) {
-  auto link = std::make_shared<MpiLink>();
+Status StartTransportLink(std::unique_ptr<Transport> transport, const LinkOptions& options,
+                          std::shared_ptr<NodeLink>* out) {
+  auto link = std::make_shared<TransportLink>(std::move(transport));
   Status started = link->Begin(options);
   if (!started.ok()) return started;
   {
@@ -1279,5 +1077,3 @@ Status StartMpiLink(const MpiLinkOptions& options, std::shared_ptr<NodeLink>* ou
 }
 
 }  // namespace smb
-
-#endif  // TF_SMB_WITH_MPI

@@ -1,0 +1,194 @@
+#include "cc/smb/transport/thread_transport.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace smb {
+namespace {
+
+// A send (done when made) or a collective (done once every counterpart's
+// input arrived and this rank copied the result out).
+struct ThreadTransfer : Transfer {
+  bool collective = false;
+  uint64_t round = 0;
+  void* out = nullptr;
+  size_t out_bytes = 0;
+};
+
+}  // namespace
+
+class ThreadTransport : public Transport {
+ public:
+  ThreadTransport(ThreadNetwork* network, int rank) : net_(network), rank_(rank) {}
+
+  std::string name() const override { return "threads"; }
+
+  Status Start(int rank, int world, Layout* layout) override {
+    if (rank != rank_ || world != net_->world()) {
+      return InvalidArgument("a thread network of " + std::to_string(net_->world()) +
+                             " ranks connected rank " + std::to_string(rank_) +
+                             ", but the link was told rank " + std::to_string(rank) + " of " +
+                             std::to_string(world));
+    }
+    const int local = net_->local_size_;
+    layout->rank = rank;
+    layout->world = world;
+    layout->nodes = net_->nodes_;
+    layout->node_of.resize(world);
+    layout->local_of.resize(world);
+    layout->local_size_of.assign(world, local);
+    for (int r = 0; r < world; ++r) {
+      layout->node_of[r] = r / local;
+      layout->local_of[r] = r % local;
+    }
+    // Like MPI_Init, joining waits for every rank.
+    std::unique_lock<std::mutex> lock(net_->mu_);
+    ++net_->started_;
+    net_->started_cv_.notify_all();
+    net_->started_cv_.wait(lock, [&] { return net_->started_ == world; });
+    return Status::Ok();
+  }
+
+  Status Send(int to, int tag, std::shared_ptr<const std::vector<char>> bytes,
+              std::unique_ptr<Transfer>* out) override {
+    {
+      std::lock_guard<std::mutex> lock(net_->mu_);
+      if (!net_->cut_[rank_] && !net_->cut_[to]) {
+        net_->inboxes_[to].push_back({rank_, tag, *bytes});
+      }
+    }
+    *out = std::make_unique<ThreadTransfer>();
+    return Status::Ok();
+  }
+
+  bool Receive(int* from, int* tag, std::vector<char>* bytes) override {
+    std::lock_guard<std::mutex> lock(net_->mu_);
+    std::deque<ThreadNetwork::Message>& inbox = net_->inboxes_[rank_];
+    if (inbox.empty() || net_->cut_[rank_]) return false;
+    *from = inbox.front().from;
+    *tag = inbox.front().tag;
+    *bytes = std::move(inbox.front().bytes);
+    inbox.pop_front();
+    return true;
+  }
+
+  Status StartAllReduceSum(DType dtype, void* data, size_t count,
+                           std::unique_ptr<Transfer>* out) override {
+    return Join(ThreadNetwork::Kind::kAllReduceSum, dtype, data, count * DTypeSize(dtype), 0,
+                data, count * DTypeSize(dtype), out);
+  }
+
+  Status StartAllGather(const void* in, size_t bytes, void* out,
+                        std::unique_ptr<Transfer>* transfer) override {
+    return Join(ThreadNetwork::Kind::kAllGather, DType::kUInt8, in, bytes, 0, out,
+                bytes * net_->nodes_, transfer);
+  }
+
+  Status StartBroadcast(void* data, size_t bytes, int root,
+                        std::unique_ptr<Transfer>* out) override {
+    return Join(ThreadNetwork::Kind::kBroadcast, DType::kUInt8, data, bytes, root, data, bytes,
+                out);
+  }
+
+  bool Test(Transfer* transfer, Status* error) override {
+    auto* mine = static_cast<ThreadTransfer*>(transfer);
+    *error = Status::Ok();
+    if (!mine->collective) return true;
+    std::lock_guard<std::mutex> lock(net_->mu_);
+    auto& rounds = net_->rounds_[rank_ % net_->local_size_];
+    ThreadNetwork::Round& round = rounds.at(mine->round);
+    if (round.arrived < net_->nodes_) return false;
+    if (round.error.ok() && round.result.empty() && mine->out_bytes > 0) Combine(&round);
+    *error = round.error;
+    if (round.error.ok() && mine->out_bytes > 0) {
+      std::memcpy(mine->out, round.result.data(), mine->out_bytes);
+    }
+    if (++round.taken == net_->nodes_) rounds.erase(mine->round);
+    return true;
+  }
+
+  void Finish() override {}
+
+ private:
+  // Adds this node's input to its next round (mu_ not held).
+  Status Join(ThreadNetwork::Kind kind, DType dtype, const void* in, size_t bytes, int root,
+              void* out, size_t out_bytes, std::unique_ptr<Transfer>* started) {
+    auto transfer = std::make_unique<ThreadTransfer>();
+    transfer->collective = true;
+    transfer->round = next_round_++;
+    transfer->out = out;
+    transfer->out_bytes = out_bytes;
+    const int node = rank_ / net_->local_size_;
+    {
+      std::lock_guard<std::mutex> lock(net_->mu_);
+      auto& rounds = net_->rounds_[rank_ % net_->local_size_];
+      auto it = rounds.find(transfer->round);
+      if (it == rounds.end()) {
+        ThreadNetwork::Round round{kind, dtype, bytes, root, {}};
+        round.inputs.resize(net_->nodes_);
+        it = rounds.emplace(transfer->round, std::move(round)).first;
+      }
+      ThreadNetwork::Round& round = it->second;
+      if (round.kind != kind || round.dtype != dtype || round.bytes != bytes ||
+          round.root != root) {
+        round.error = InvalidArgument("the counterparts of rank " + std::to_string(rank_) +
+                                      " started different collectives as round " +
+                                      std::to_string(transfer->round));
+      }
+      if (kind != ThreadNetwork::Kind::kBroadcast || node == root) {
+        const char* bytes_in = static_cast<const char*>(in);
+        round.inputs[node].assign(bytes_in, bytes_in + bytes);
+      }
+      ++round.arrived;
+    }
+    *started = std::move(transfer);
+    return Status::Ok();
+  }
+
+  // The round's result, from every node's input (mu_ held).
+  void Combine(ThreadNetwork::Round* round) {
+    const int nodes = net_->nodes_;
+    switch (round->kind) {
+      case ThreadNetwork::Kind::kAllReduceSum:
+        round->result = round->inputs[0];
+        for (int n = 1; n < nodes; ++n) {
+          SumInto(round->dtype, round->result.data(), round->result.data(),
+                  round->inputs[n].data(), round->bytes / DTypeSize(round->dtype));
+        }
+        break;
+      case ThreadNetwork::Kind::kAllGather:
+        for (int n = 0; n < nodes; ++n) {
+          round->result.insert(round->result.end(), round->inputs[n].begin(),
+                               round->inputs[n].end());
+        }
+        break;
+      case ThreadNetwork::Kind::kBroadcast:
+        round->result = round->inputs[round->root];
+        break;
+    }
+  }
+
+  ThreadNetwork* net_;
+  const int rank_;
+  uint64_t next_round_ = 0;  // the link's thread only
+};
+
+ThreadNetwork::ThreadNetwork(int nodes, int local_size)
+    : nodes_(nodes),
+      local_size_(local_size),
+      inboxes_(static_cast<size_t>(nodes) * local_size),
+      cut_(static_cast<size_t>(nodes) * local_size, false),
+      rounds_(local_size) {}
+
+std::unique_ptr<Transport> ThreadNetwork::Connect(int rank) {
+  return std::make_unique<ThreadTransport>(this, rank);
+}
+
+void ThreadNetwork::Cut(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cut_[rank] = true;
+  inboxes_[rank].clear();
+}
+
+}  // namespace smb
