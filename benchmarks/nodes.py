@@ -59,13 +59,25 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import common
-from benchmarks.processes import role_argv, run_processes, subprocess_env
+from benchmarks.processes import PYTHON_VAR, role_argv, run_processes, subprocess_env
 
 
-def node_role_argv(role: str, *args: str) -> List[str]:
-    """A role run inside a simulated node: its own interpreter, never a fork server
-    of this node (whose forks would run in this node's namespaces)."""
+def node_role_argv(role: str, *args: str, python: Optional[List[str]] = None) -> List[str]:
+    """A role run inside a simulated node: `python` (see node_python), else its own
+    interpreter; never this node's fork server (whose forks would run in this
+    node's namespaces)."""
+    if python:
+        return [*python, "-m", f"benchmarks.roles.{role}", *args]
     return role_argv(role, *args, local=False)
+
+
+def node_python(sim: "simnodes.SimulatedNodes") -> List[str]:
+    """How the jobs' ranks in the simulated nodes start Python: where the tests point
+    the benchmarks at a fork server ($TF_SMB_BENCH_PYTHON), the nodes' own
+    (tests/simnodes.py: TensorFlow imported once a node, not once a rank); else this
+    interpreter, so that a full run's processes are what a user's are. The ranks'
+    environment needs sim.preload_env(python) too."""
+    return sim.python() if os.environ.get(PYTHON_VAR) else [sys.executable]
 from benchmarks.report import Cell, error_excerpt, failure_reason, fmt, markdown, ratio, write_csv
 from benchmarks.strategies import availability
 
@@ -542,10 +554,12 @@ def run(args: argparse.Namespace) -> int:
                 cells = {(m, strategy): Cell(None, "unavailable: " + unavailable_here)
                          for m in models} if strategy != "smb_async_fit" else {}
             elif strategy == "smb_async_fit":
-                job = run_mpirun(nodes, node_role_argv("fit", "--kind=smb_async", *fit_args),
+                job = run_mpirun(nodes, node_role_argv("fit", "--kind=smb_async", *fit_args,
+                                                python=python),
                                  dict(job_env), args.timeout, per_node)
             elif strategy == "mwms":
-                job = run_mwms(nodes, node_role_argv("nodes_comm", "--kind=mwms", *steps, *iface),
+                job = run_mwms(nodes, node_role_argv("nodes_comm", "--kind=mwms", *steps, *iface,
+                                              python=python),
                                dict(env, **job_env), args.timeout, port, per_node)
                 port += 10
                 cells = comm_cells(strategy, job, models, world)
@@ -558,7 +572,7 @@ def run(args: argparse.Namespace) -> int:
                 if strategy == "horovod_hier":
                     e["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
                 job = run_mpirun(nodes, node_role_argv("nodes_comm", f"--kind={kind}", *steps,
-                                                       *iface, *extra), e, args.timeout,
+                                                       *iface, *extra, python=python), e, args.timeout,
                                  per_node)
                 cells = comm_cells(strategy, job, models, world)
             fcells = {}
@@ -585,6 +599,8 @@ def run(args: argparse.Namespace) -> int:
         return port
 
     nodes = simnodes.SimulatedNodes().__enter__()
+    python = node_python(nodes)
+    job_env.update(nodes.preload_env(python))
     nodes_info = {"netns": nodes.netns, "veth": nodes.veth, "hostnames": nodes.hostnames,
                   "addresses": nodes.addresses}
     log(f"nodes up: {nodes.hostnames}, veth {nodes.veth}, {nodes.addresses}")

@@ -55,13 +55,15 @@ def run_one(sim: simnodes.SimulatedNodes, args: argparse.Namespace, mode: str, d
     target accuracy (None, with the reason, when it failed or never reached it)."""
     world = 2 * args.per_node
     slow = [str(r) for r in range(args.per_node, world)]  # mpirun fills node 0 first
-    argv = [sys.executable, "-m", "benchmarks.digits_curve", *MODES[mode],
+    python = nodes.node_python(sim)
+    argv = [*python, "-m", "benchmarks.digits_curve", *MODES[mode],
             f"--epochs={args.epochs}", f"--accuracy_curve={curve_path}",
             f"--accuracy_curve_every={args.curve_every}",
             f"--slow_ranks={','.join(slow)}", f"--slow_ms={delay:g}"]
     env = {k: v for k, v in subprocess_env({"TF_SMB_TIMEOUT": str(int(args.timeout))}).items()
            if (k.startswith("TF_SMB_") and not k.startswith("TF_SMB_TEST_")) or k in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL",
                                                   "TF_ENABLE_ONEDNN_OPTS", "PYTHONUNBUFFERED")}
+    env.update(sim.preload_env(python))
     job = nodes.run_mpirun(sim, argv, env, args.timeout, per_node=args.per_node)
     out = job.outputs[0] if job.outputs else ""
     # mpirun --tag-output: rank 0's lines start "[1,0]<stdout>:".

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from harness import REPO, WORKERS, base_env, max_diff, require_horovod, run_mpirun, run_python, run_single
+from harness import (REPO, WORKERS, base_env, max_diff, python, require_horovod, run_mpirun,
+                     run_python, run_single)
 
 KERAS = os.path.join(WORKERS, "keras_worker.py")
 B = 8
@@ -19,7 +20,8 @@ B = 8
 
 def _env():
     env = base_env({"TEST_STRATEGY": "horovod"})
-    for key in [k for k in env if k.startswith("TF_SMB_")]:
+    # (The tests' own variables stay: the preload fork server's socket.)
+    for key in [k for k in env if k.startswith("TF_SMB_") and not k.startswith("TF_SMB_TEST_")]:
         del env[key]
     return env
 
@@ -44,7 +46,7 @@ def test_horovodrun_gloo_equals_one_process_on_global_batch(tmp_path, single):
     require_horovod()
     horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable))
     assert horovodrun, "horovodrun is installed with Horovod"
-    p = subprocess.run([horovodrun, "-np", "2", "--gloo", sys.executable, KERAS, "fit",
+    p = subprocess.run([horovodrun, "-np", "2", "--gloo", *python(), KERAS, "fit",
                         "--batch", str(B), "--result_dir", str(tmp_path)],
                        env=_env(), capture_output=True, text=True, timeout=600, cwd=REPO)
     assert p.returncode == 0, p.stderr[-4000:] + p.stdout[-2000:]

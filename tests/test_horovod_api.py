@@ -34,7 +34,7 @@ def _horovodrun_ranks(scenario: str) -> list:
     nothing of Horovod runs in them."""
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     assert os.path.exists(horovodrun), "tools/test.sh installs Horovod (tools/install_horovod.sh)"
-    argv = [horovodrun, "-np", "2", "--gloo", sys.executable,
+    argv = [horovodrun, "-np", "2", "--gloo", *harness.python(),
             os.path.join(harness.REPO, WORKER), scenario]
     env = {k: v for k, v in harness.base_env().items() if k not in harness.env_lib.LAUNCHER_VARS}
     r = harness.run_command(argv, 600, env, cwd=harness.REPO)

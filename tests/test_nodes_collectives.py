@@ -190,8 +190,9 @@ def test_nodes_of_different_sizes_get_a_clear_error(nodes, tmp_path):
         "    error = f'{type(e).__name__}: {e}'\n"
         "with open(os.path.join(sys.argv[1], f'rank{rank}.json'), 'w') as f:\n"
         "    json.dump({'error': error}, f)\n")
-    nodes.mpirun(3, 2, [sys.executable, str(script), str(tmp_path)], timeout=300,
-                 env={"TF_SMB_TIMEOUT": "60"})
+    python = nodes.python()
+    nodes.mpirun(3, 2, [*python, str(script), str(tmp_path)], timeout=300,
+                 env={**nodes.preload_env(python), "TF_SMB_TIMEOUT": "60"})
     for r in range(3):
         path = tmp_path / f"rank{r}.json"
         assert path.exists(), f"rank {r} wrote no result"

@@ -58,6 +58,8 @@ def _horovodrun(nodes, tmp_path, flags, worker_args):
     env = {k: v for k, v in base_env(TF_ENV).items()
            if not k.startswith("TF_SMB_") and k not in env_lib.LAUNCHER_VARS}
     env.update(TF_ENV)
+    python = nodes.python()  # the nodes' fork servers: TensorFlow imported once a node
+    env.update(nodes.preload_env(python))
     env["PATH"] = bin_dir + os.pathsep + env["PATH"]
     argv = [HOROVODRUN, *flags, "--disable-cache", "-np", "4",
             "-H", ",".join(f"{a}:2" for a in nodes.addresses),
@@ -65,7 +67,7 @@ def _horovodrun(nodes, tmp_path, flags, worker_args):
             # (it fails here: the veth ends are named differently).
             "--network-interfaces", nodes.cidr,
             f"--mpi-args=--mca oob_tcp_if_include {nodes.cidr} --mca mpi_yield_when_idle 1",
-            sys.executable, WORKER, *worker_args, "--result_dir", result_dir]
+            *python, WORKER, *worker_args, "--result_dir", result_dir]
     launch = nodes.start(0, argv, env=env, owns_nodes=True).wait(TIMEOUT)
     results = _results(result_dir, 4)
     missing = sorted(set(range(4)) - set(results))
