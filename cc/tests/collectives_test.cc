@@ -7,8 +7,8 @@
 // rank, failure that stops every rank, a rank that leaves, the step clock,
 // Horovod's join (ranks that ran out of data add zeros), a node's async
 // pushes combined in its box (NodeCombiner, with its pushing thread). The
-// collectives run again with the ranks spread over 2 nodes, each node's box a
-// ThreadGroup and the nodes joined by the link over a ThreadNetwork.
+// collectives run again with the ranks spread over 2 and 3 nodes, each node's
+// box a ThreadGroup and the nodes joined by the link over a ThreadNetwork.
 #include <unistd.h>
 
 #include <algorithm>
@@ -199,13 +199,15 @@ void TestRecoverableDisagreement(int world) {
                                                    {static_cast<int64_t>(a.size())}, a.data(),
                                                    out.data()}});
                         });
-    // Across nodes the node whose ranks disagree names them, with their nodes
-    // when the nodes disagree.
-    const std::string first = nodes == 1 ? "rank 0: [3], " : "rank " +
-                              std::to_string(world == 2 ? 0 : world - 2) +
-                              (world == 2 ? " (node 0)" : "") + ": [3], ";
+    // Across nodes, the node whose ranks disagree names them; with a rank a
+    // node, the nodes disagree, and each is named with its node.
+    const bool by_node = nodes > 1 && world == nodes;
+    const std::string first = by_node      ? "rank 0 (node 0): [3], "
+                              : nodes == 1 ? "rank 0: [3], "
+                                           : "rank " + std::to_string(world - 2) + ": [3], ";
     const std::string last = "rank " + std::to_string(world - 1) +
-                             (world == 2 && nodes == 2 ? " (node 1)" : "") + ": [4])";
+                             (by_node ? " (node " + std::to_string(world - 1) + ")" : "") +
+                             ": [4])";
     Check(s.code() == smb::Code::kFailedPrecondition &&
               s.message().find("hvd.allreduce: the ranks disagree on the shape (" + first) == 0 &&
               s.message().find(last) != std::string::npos,
@@ -700,8 +702,9 @@ int main() {
   TestReplicaSum();
   TestParamServer();
   TestCollectives(1, {2, 3});
-  // Across 2 nodes (1 and 2 ranks a node), over the link between nodes.
+  // Across nodes (1 and 2 ranks a node), over the link between nodes.
   TestCollectives(2, {2, 4});
+  TestCollectives(3, {3, 6});
   TestGoneRankFailsTheOthers();
   TestStepClock();
   TestWaitAllFinishedWaitsForTheSameRound();

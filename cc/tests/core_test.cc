@@ -1,5 +1,7 @@
 // Single-process checks of the box core: reduction kernels (including the
-// float16/bfloat16 rounding), the box lifecycle and the segment table.
+// float16/bfloat16 rounding), the box lifecycle and the segment table, and the
+// job-wide order of collectives across nodes (Decider), and which silences
+// across nodes count (Liveness).
 // Multi-process collectives are tested from Python (tests/test_core.py).
 #include <unistd.h>
 
@@ -13,6 +15,9 @@
 #include "cc/smb/box.h"
 #include "cc/smb/communicator.h"
 #include "cc/smb/dtype.h"
+#include "cc/smb/link/decider.h"
+#include "cc/smb/link/liveness.h"
+#include "cc/smb/node_link.h"
 #include "cc/tests/check.h"
 
 namespace {
@@ -129,10 +134,78 @@ void TestSingleWorkerCommunicator() {
 
 }  // namespace
 
+// The keys decided, in order.
+std::vector<uint64_t> Keys(const std::vector<smb::Decision>& decisions, uint64_t* number) {
+  std::vector<uint64_t> keys;
+  for (const smb::Decision& d : decisions) {
+    keys.push_back(d.key);
+    *number = d.number;
+  }
+  return keys;
+}
+
+void TestDecider() {
+  using V = std::vector<uint64_t>;
+  constexpr uint64_t kA = 1, kB = 2, kC = 3, kJoin = 9, kAny = smb::kAnyCollective;
+  smb::Decider decider(2);
+  uint64_t number = 0;
+  // Node 0's order wins; a key is decided once both nodes offer it.
+  Check(Keys(decider.Offer(0, {0, kA, kB}), &number).empty(), "decider: node 1 offered nothing");
+  Check(Keys(decider.Offer(1, {0, kB, kA}), &number) == V{kA, kB} && number == 2,
+        "decider: node 0's order, numbered 1, 2");
+  // Offered again before every node took them: not decided twice.
+  Check(Keys(decider.Offer(1, {0, kB, kA}), &number).empty(), "decider: no decision twice");
+  // Once both nodes took both, the same key is a new collective.
+  Check(Keys(decider.Offer(0, {2, kA}), &number).empty(), "decider: only node 0 offers A again");
+  Check(Keys(decider.Offer(1, {2, kC, kA}), &number) == V{kA} && number == 3,
+        "decider: A again, as decision 3");
+  // Node 0 wholly joined: node 1's order, each key taken with "any".
+  smb::Decider joined(2);
+  Check(Keys(joined.Offer(0, {0, kAny}), &number).empty(), "decider: node 1 offered nothing yet");
+  Check(Keys(joined.Offer(1, {0, kC, kB}), &number) == V{kC, kB}, "decider: node 1's order");
+  // Every node joined: only the join, once every node offers it.
+  smb::Decider all(2);
+  Check(Keys(all.Offer(0, {0, kAny, kJoin}), &number).empty(), "decider: node 1 not joined yet");
+  Check(Keys(all.Offer(1, {0, kAny}), &number).empty(), "decider: node 1 has not offered the join");
+  Check(Keys(all.Offer(1, {0, kAny, kJoin}), &number) == V{kJoin}, "decider: the join");
+}
+
+void TestLiveness() {
+  using V = std::vector<int>;
+  // Rank 1 is on another node; lost after 1 s of silence.
+  smb::Liveness quiet({false, true}, 1.0, 0.0);
+  Check(quiet.Ticked(0.5, 1).judge && quiet.Silent(0.5).empty(), "liveness: heard at start");
+  Check(quiet.Ticked(1.0, 2).judge && quiet.Silent(1.0) == V{1}, "liveness: 1 s silent");
+  quiet.Left(1);
+  Check(quiet.Silent(5.0).empty(), "liveness: a rank that left is not silent");
+  // The process stopped 2.5 s between ticks: nobody could be heard meanwhile.
+  smb::Liveness stopped({false, true}, 1.0, 0.0);
+  stopped.Ticked(0.5, 1);
+  Check(stopped.Ticked(3.0, 2).judge && stopped.Silent(3.0).empty(),
+        "liveness: silence while this process was stopped is excused");
+  // The link's thread sat in one transport call for 2.5 s: no judging meanwhile,
+  // and the silence is excused once the call ends.
+  smb::Liveness long_call({false, true}, 1.0, 0.0);
+  for (double t = 0.5; t <= 2.0; t += 0.5) long_call.Ticked(t, 1);
+  const smb::Liveness::Tick still = long_call.Ticked(2.75, 1);
+  Check(!still.judge && !still.stuck, "liveness: no judging inside a long call");
+  Check(long_call.Ticked(3.0, 2).judge && long_call.Silent(3.0).empty(),
+        "liveness: the long call's silence is excused");
+  // Inside one call for 3 x 1 s: stuck for good, and the silence counts.
+  smb::Liveness stuck({false, true}, 1.0, 0.0);
+  smb::Liveness::Tick tick{};
+  for (double t = 0.5; t <= 3.5; t += 0.5) tick = stuck.Ticked(t, 1);
+  Check(tick.stuck && tick.judge && stuck.Silent(3.5) == V{1}, "liveness: a stuck thread");
+  stuck.MarkLost(1);
+  Check(stuck.lost(1) && stuck.Silent(4.0).empty(), "liveness: a lost rank is judged once");
+}
+
 int main() {
   TestSums();
   TestAxpyRoundsOnce();
   TestBoxAndSegments();
   TestSingleWorkerCommunicator();
+  TestDecider();
+  TestLiveness();
   return smb_test::Report("core_test");
 }

@@ -156,7 +156,9 @@ void TestFailureReachesEveryRank() {
     link.SetCallbacks([&told, rank](const smb::Status&) { ++told[rank]; }, [] {},
                       [] { return smb::Status::Ok(); });
     ++listening;
-    if (rank == 3 && Eventually(10, [&] { return listening.load() == 4; })) link.SendFailure(smb::Status(smb::Code::kInternal, "rank 3 broke"));
+    if (rank == 3 && Eventually(10, [&] { return listening.load() == 4; })) {
+      link.SendFailure(smb::Status(smb::Code::kInternal, "rank 3 broke"));
+    }
     Check(Eventually(10, [&] { return Contains(link.Failure(), "rank 3 broke"); }),
           "rank " + std::to_string(rank) + " heard the failure: " + link.Failure().ToString());
     if (rank != 3) {

@@ -81,7 +81,9 @@ std::vector<char> EncodeSegmentReply(uint64_t id, const Status& status,
   std::memcpy(answer.message, text.data(), answer.message_len);
   std::vector<char> reply(sizeof answer + (status.ok() ? data.size() : 0));
   std::memcpy(reply.data(), &answer, sizeof answer);
-  if (status.ok() && !data.empty()) std::memcpy(reply.data() + sizeof answer, data.data(), data.size());
+  if (status.ok() && !data.empty()) {
+    std::memcpy(reply.data() + sizeof answer, data.data(), data.size());
+  }
   return reply;
 }
 

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "cc/smb/link/decider.h"
+#include "cc/smb/link/liveness.h"
 #include "cc/smb/link/segment_wire.h"
 #include "cc/smb/process.h"
 
@@ -39,14 +40,6 @@ constexpr int kTagToRankZero = 20;      // a rank -> rank 0: bytes (SendToRankZe
 // off). Only matters where the launcher lets the others run on (mpirun
 // --enable-recovery): by default mpirun ends the whole job when a rank dies.
 constexpr double kHeartbeatS = 0.5;
-// A watchdog tick this much later than due (the process was stopped or
-// starved), or a transport call of the link's thread this long that then
-// ended (a blocking receive of a large message): the others' silence
-// meanwhile says nothing.
-constexpr double kStalledS = 2;
-// The link's thread inside one transport call for 3 x lost_after_s is stuck
-// there for good.
-constexpr double kStuckLostAfters = 3;
 
 std::vector<char> Words(const std::vector<uint64_t>& words) {
   std::vector<char> bytes(words.size() * sizeof(uint64_t));
@@ -110,7 +103,9 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
   Status CallSegmentServer(int home, const SegmentRequest& request, const void* payload,
                            size_t payload_bytes, void* reply, size_t reply_bytes,
                            double timeout_s) override;
-  void SendToRankZero(std::vector<char> bytes) override { Post(0, kTagToRankZero, std::move(bytes)); }
+  void SendToRankZero(std::vector<char> bytes) override {
+    Post(0, kTagToRankZero, std::move(bytes));
+  }
   void SetRankZeroReceiver(std::function<void(int, std::vector<char>)> receiver) override {
     std::lock_guard<std::mutex> lock(mu_);
     rank_zero_receiver_ = std::move(receiver);
@@ -124,7 +119,7 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
   void KeepGoingWithoutLostRanks() override { keep_going_ = true; }
   bool NodeLost(int node) const override {
     for (int local = 0; local < local_size_; ++local) {
-      if (!lost_[JobRank(node, local)]) return false;
+      if (!liveness_->lost(JobRank(node, local))) return false;
     }
     return true;
   }
@@ -134,9 +129,9 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
   // The thread; `self` keeps the link alive while it runs.
   static void Loop(std::shared_ptr<TransportLink> self, LinkOptions options);
   void Work(const LinkOptions& options);
-  // The watchdog thread: finds the other nodes' silent ranks, and notices the
-  // link's thread stuck inside the transport (Open MPI may hang after a peer
-  // dies).
+  // The watchdog thread: every heartbeat, asks liveness_ which of the other
+  // nodes' ranks fell silent, and whether the link's thread is stuck inside
+  // the transport (Open MPI may hang after a peer dies).
   void Watch();
   void StopWatch();
   Status Run(const std::shared_ptr<Op>& op, const std::string& what, double timeout_s);
@@ -178,7 +173,7 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
   mutable std::mutex mu_;
   std::condition_variable watch_cv_;  // wakes the watchdog to end
   bool watch_stop_ = false;
-  // The thread made no pass for kStuckLostAfters x lost_after_s while the
+  // The thread made no pass for Liveness::kStuckLostAfters x lost_after_s while the
   // process ran: it is stuck inside the transport, and the exit does not
   // wait for it (mu_).
   bool stuck_ = false;
@@ -227,19 +222,16 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
   // (thread only).
   std::deque<std::pair<int, std::vector<char>>> unserved_;  // requests before a server
   bool sent_leaving_ = false;
-  int leaving_ = 0;
   // Liveness of the other nodes' ranks, by job rank: the thread hears, the
-  // watchdog judges (atomics: both read them without mu_).
-  std::unique_ptr<std::atomic<double>[]> last_heard_;
-  std::unique_ptr<std::atomic<bool>[]> left_;  // sent kTagLeaving
-  std::unique_ptr<std::atomic<bool>[]> lost_;  // set by the watchdog, under mu_
+  // watchdog judges; lost ranks are marked under mu_.
+  std::unique_ptr<Liveness> liveness_;
   std::vector<bool> told_lost_;     // sent kTagDeclaredLost (thread only)
   double next_heartbeat_ = 0;
   std::atomic<bool> peers_lost_{false};  // a rank is gone: never finish the transport
   std::atomic<bool> keep_going_{false};  // see KeepGoingWithoutLostRanks
   std::string lost_names_;               // "2 (node 1), 3 (node 1)" (mu_)
   void CheckLiveness(double now, bool link_stuck);  // on the watchdog
-  bool Lost(int rank) const { return lost_[rank]; }
+  bool Lost(int rank) const { return liveness_->lost(rank); }
   // Every other rank sent kTagLeaving or is lost (thread only).
   bool OthersGone() const;
 };
@@ -256,7 +248,8 @@ Status TransportLink::Begin(const LinkOptions& options) {
     return Status(Code::kDeadlineExceeded,
                   "rank " + std::to_string(options.rank) + " timed out after " +
                       std::to_string(static_cast<int>(options.timeout_s)) +
-                      "s starting " + transport_name_ + " between nodes: do all " + std::to_string(options.world) +
+                      "s starting " + transport_name_ + " between nodes: do all " +
+                      std::to_string(options.world) +
                       " ranks create tf_smb.SMBStrategy() (or call tf_smb.init())?");
   }
   if (setup_.ok() && nodes_ > 1) watchdog_ = std::thread(&TransportLink::Watch, this);
@@ -290,15 +283,9 @@ Status TransportLink::Setup(const LinkOptions& options) {
   job_rank_of_.assign(world_, 0);
   for (int r = 0; r < world_; ++r) job_rank_of_[node_of_[r] * local_size_ + local_of_[r]] = r;
   if (node_ == 0 && local_rank_ == 0) decider_ = std::make_unique<Decider>(nodes_);
-  last_heard_ = std::make_unique<std::atomic<double>[]>(world_);
-  left_ = std::make_unique<std::atomic<bool>[]>(world_);
-  lost_ = std::make_unique<std::atomic<bool>[]>(world_);
-  const double now = MonotonicSeconds();
-  for (int r = 0; r < world_; ++r) {
-    last_heard_[r] = now;
-    left_[r] = false;
-    lost_[r] = false;
-  }
+  std::vector<bool> remote(world_);
+  for (int r = 0; r < world_; ++r) remote[r] = node_of_[r] != node_;
+  liveness_ = std::make_unique<Liveness>(std::move(remote), lost_after_s_, MonotonicSeconds());
   told_lost_.assign(world_, false);
   return Status::Ok();
 }
@@ -332,8 +319,9 @@ void TransportLink::Work(const LinkOptions& options) {
   // Sleeps grow while nothing happens: up to 1 ms when idle, but only up to
   // 50 us while anything is in flight (a collective, a segment call, or an
   // offer awaiting its decision): the transport progresses (MPI does), and a
-  // message is seen, only when this thread polls. (Measured: a fit step of a 0.67M-parameter
-  // MLP, 2 nodes x 2 workers, 5 Gbit/s, took 33 ms at 1 ms, 24 ms at 50 us.)
+  // message is seen, only when this thread polls. (Measured: a fit step of a
+  // 0.67M-parameter MLP, 2 nodes x 2 workers, 5 Gbit/s, took 33 ms at 1 ms,
+  // 24 ms at 50 us.)
   constexpr double kIdleSleepS = 1e-3, kInFlightSleepS = 50e-6;
   double idle_s = 0;
   for (;;) {
@@ -478,48 +466,27 @@ bool TransportLink::OthersGone() const {
     // Once a rank is lost nobody finalizes, and this node's ranks never call
     // this rank's server (they share the box): only other nodes' ranks count.
     const bool needed = !(peers_lost_ && node_of_[r] == node_);
-    if (r != rank_ && needed && !left_[r] && !lost_[r]) return false;
+    if (r != rank_ && needed && !liveness_->left(r) && !liveness_->lost(r)) return false;
   }
   return true;
 }
 
 void TransportLink::Watch() {
   NameThisThread("smb_watchdog");
-  const auto excuse_silence = [this](double now) {  // nobody could be heard
-    for (int r = 0; r < world_; ++r) last_heard_[r] = std::max(last_heard_[r].load(), now);
-  };
-  uint64_t seen = passes_;
-  double last_tick = MonotonicSeconds(), moved_at = last_tick;
   std::unique_lock<std::mutex> lock(mu_);
   while (!watch_stop_) {
     watch_cv_.wait_for(lock, std::chrono::duration<double>(kHeartbeatS));
     // !polling_: the link thread left its loop (finalizing, or failed).
     if (watch_stop_ || !polling_) break;
     const double now = MonotonicSeconds();
-    const uint64_t passes = passes_;
-    if (now - last_tick > kStalledS) {  // the process was stopped or starved
-      excuse_silence(now);
-      moved_at = now;
-    }
-    if (passes != seen) {
-      if (now - moved_at > kStalledS) excuse_silence(now);  // a long transport call ended
-      moved_at = now;
-    }
-    seen = passes;
-    last_tick = now;
-    // The thread polls at least every millisecond; a long pass is a blocking
-    // transport call (MPI receiving a large message), and one that never
-    // returns is stuck (seen with Open MPI 4.1's TCP transport after a peer
-    // died mid-message): that thread hears no one any more.
-    const double still_s = now - moved_at;
-    const bool link_stuck = still_s >= kStuckLostAfters * lost_after_s_;
-    if (link_stuck && !stuck_) {
+    const Liveness::Tick tick = liveness_->Ticked(now, passes_);
+    if (tick.stuck && !stuck_) {
       stuck_ = true;
       done_cv_.notify_all();  // the exit stops waiting for the thread
     }
-    if (still_s > kStalledS && !link_stuck) continue;  // cannot hear: cannot judge yet
+    if (!tick.judge) continue;  // cannot hear: cannot judge yet
     lock.unlock();
-    CheckLiveness(now, link_stuck);
+    CheckLiveness(now, tick.stuck);
     lock.lock();
   }
 }
@@ -535,17 +502,13 @@ void TransportLink::StopWatch() {
 
 void TransportLink::CheckLiveness(double now, bool link_stuck) {
   if (!Failure().ok()) return;
-  std::vector<int> silent;
+  const std::vector<int> silent = liveness_->Silent(now);
+  if (silent.empty()) return;
   std::string lost;
-  for (int r = 0; r < world_; ++r) {
-    if (node_of_[r] == node_ || left_[r] || lost_[r] || now - last_heard_[r] < lost_after_s_) {
-      continue;
-    }
-    silent.push_back(r);
+  for (int r : silent) {
     lost += (lost.empty() ? "" : ", ") + std::to_string(r) + " (node " +
             std::to_string(node_of_[r]) + ")";
   }
-  if (silent.empty()) return;
   peers_lost_ = true;
   const std::string what =
       "rank(s) " + lost + " sent nothing for " + std::to_string(static_cast<int>(lost_after_s_)) +
@@ -561,11 +524,11 @@ void TransportLink::CheckLiveness(double now, bool link_stuck) {
     std::function<void()> wake;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (int r : silent) lost_[r] = true;
+      for (int r : silent) liveness_->MarkLost(r);
       lost_names_ += (lost_names_.empty() ? "" : ", ") + lost;
       for (auto it = calls_.begin(); it != calls_.end();) {
         PendingCall* call = it->second;
-        if (!lost_[call->server]) {
+        if (!liveness_->lost(call->server)) {
           ++it;
           continue;
         }
@@ -639,14 +602,15 @@ bool TransportLink::Receive() {
   std::vector<char> message;
   if (!transport_->Receive(&from, &tag, &message)) return false;
   const size_t bytes = message.size();
-  last_heard_[from] = MonotonicSeconds();
+  liveness_->Heard(from, MonotonicSeconds());
   if (tag == kTagDeclaredLost) {
     // This rank was silent long enough for another to go on without it (it
     // stalled, or the network did): the others moved on, so it must stop,
     // loudly, rather than train on a copy of the parameters no one else sees.
     const Status failure(Code::kAborted,
                          "rank " + std::to_string(rank_) + " (node " + std::to_string(node_) +
-                             ") sent nothing for " + std::to_string(static_cast<int>(lost_after_s_)) +
+                             ") sent nothing for " +
+                             std::to_string(static_cast<int>(lost_after_s_)) +
                              " s, so rank " + std::to_string(from) +
                              " went on without it (the asynchronous mode survives lost nodes); "
                              "this rank stops");
@@ -690,8 +654,7 @@ bool TransportLink::Receive() {
     return true;
   }
   if (tag == kTagLeaving) {
-    if (!left_[from]) ++leaving_;
-    left_[from] = true;
+    liveness_->Left(from);
     return true;
   }
   std::vector<uint64_t> words(bytes / sizeof(uint64_t));
@@ -787,15 +750,17 @@ void TransportLink::SendFailure(const Status& failure) {
   work_cv_.notify_all();
 }
 
-void TransportLink::SetCallbacks(std::function<void(const Status&)> failed, std::function<void()> wake,
-                           std::function<Status()> local_failure) {
+void TransportLink::SetCallbacks(std::function<void(const Status&)> failed,
+                                 std::function<void()> wake,
+                                 std::function<Status()> local_failure) {
   std::lock_guard<std::mutex> lock(mu_);
   failed_cb_ = std::move(failed);
   wake_cb_ = std::move(wake);
   local_failure_cb_ = std::move(local_failure);
 }
 
-Status TransportLink::Run(const std::shared_ptr<Op>& op, const std::string& what, double timeout_s) {
+Status TransportLink::Run(const std::shared_ptr<Op>& op, const std::string& what,
+                          double timeout_s) {
   SMB_RETURN_IF_ERROR(Enqueue(op));
   return Await(*op, what, timeout_s);
 }
@@ -860,9 +825,9 @@ void TransportLink::SetSegmentServer(SegmentServer server) {
   server_ = std::move(server);
 }
 
-Status TransportLink::CallSegmentServer(int home, const SegmentRequest& request, const void* payload,
-                                  size_t payload_bytes, void* reply, size_t reply_bytes,
-                                  double timeout_s) {
+Status TransportLink::CallSegmentServer(int home, const SegmentRequest& request,
+                                        const void* payload, size_t payload_bytes, void* reply,
+                                        size_t reply_bytes, double timeout_s) {
   // The id first: the message is built once, outside the lock.
   const uint64_t id = next_call_++;
   std::vector<char> message;
@@ -874,7 +839,7 @@ Status TransportLink::CallSegmentServer(int home, const SegmentRequest& request,
     // The home node's rank with this local rank serves it, or the next live one.
     for (int k = 0; k < local_size_ && call.server < 0; ++k) {
       const int r = JobRank(home, (local_rank_ + k) % local_size_);
-      if (!lost_[r]) call.server = r;
+      if (!liveness_->lost(r)) call.server = r;
     }
     if (call.server < 0) {
       return Status(Code::kAborted, "every rank of node " + std::to_string(home) +
@@ -982,7 +947,7 @@ std::vector<RemoteClock> TransportLink::RemoteClocks() const {
     if (node_of_[r] == node_) continue;
     auto it = clocks_.find(r);
     out.push_back(it == clocks_.end() ? RemoteClock{r, 0, 0} : it->second);
-    if (lost_[r]) out.back().phase = kPhaseDoneForGood;  // it will not tick again
+    if (liveness_->lost(r)) out.back().phase = kPhaseDoneForGood;  // it will not tick again
   }
   return out;
 }

@@ -85,7 +85,9 @@ class MpiTransport : public Transport {
     if (!initialized) {
       int provided = 0;
       const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
-      if (rc != MPI_SUCCESS) return Status(Code::kInternal, "MPI_Init_thread failed: " + MpiError(rc));
+      if (rc != MPI_SUCCESS) {
+        return Status(Code::kInternal, "MPI_Init_thread failed: " + MpiError(rc));
+      }
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     int my_rank = 0, size = 0;
