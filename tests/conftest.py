@@ -53,8 +53,8 @@ KERAS_FACING = (
 # pytest-xdist workers (--dist loadfile), which take them in this order, so the
 # long ones do not end the run alone. Files not named keep their order, after these.
 LONGEST_FIRST = (
-    "test_horovod_peer_3.py", "test_horovod_examples.py", "test_horovod_peer.py",
-    "test_benchmark_nodes_smoke.py", "test_install.py", "test_nodes_async.py",
+    "test_horovod_peer_3.py", "test_install.py", "test_horovod_examples.py",
+    "test_horovod_peer.py", "test_nodes_async.py", "test_benchmark_nodes_smoke.py",
     "test_sanitizers.py", "test_nodes_collectives.py", "test_sockets.py", "test_nodes.py",
     "test_bazel_build.py", "test_benchmark_suite_smoke.py", "test_examples.py",
     "test_horovod.py", "test_ordering.py", "test_local_replicas.py", "test_mpi_link.py",
