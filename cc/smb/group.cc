@@ -328,10 +328,10 @@ Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local, con
       SMB_RETURN_IF_ERROR(link_->Broadcast(whole.data(), whole.size(), root, timeout_s()));
     }
     // Whether the joined nodes take part, before any data moves.
-    if (AnyJoined(all)) SMB_RETURN_IF_ERROR(ExchangeJoinedAnswers(Status::Ok()));
+    if (AnyJoined(all)) SMB_RETURN_IF_ERROR(AnswerAcrossNodes(Status::Ok()));
   }
+  // (LearnAcrossNodes checked its verdicts for failures as this branch did.)
   learned_.clear();
-  SMB_RETURN_IF_ERROR(FailureIn(all));
   // Nodes whose every rank has joined describe nothing of their own.
   int first = 0;
   while (first < nodes - 1 && all[first].joined) ++first;
@@ -588,14 +588,10 @@ Status Group::LearnAcrossNodes(std::string* text, bool* complete) {
 
 Status Group::AnswerAcrossNodes(const Status& taking_part) {
   if (!link_) return InvalidArgument("no other node to answer");
-  return ExchangeJoinedAnswers(taking_part);
-}
-
-Status Group::ExchangeJoinedAnswers(const Status& mine) {
   JoinedAnswer answer{};
-  answer.failed = mine.ok() ? 0 : 1 + static_cast<uint32_t>(mine.code());
-  answer.len = static_cast<uint32_t>(std::min(mine.message().size(), sizeof answer.text));
-  std::memcpy(answer.text, mine.message().data(), answer.len);
+  answer.failed = taking_part.ok() ? 0 : 1 + static_cast<uint32_t>(taking_part.code());
+  answer.len = static_cast<uint32_t>(std::min(taking_part.message().size(), sizeof answer.text));
+  std::memcpy(answer.text, taking_part.message().data(), answer.len);
   std::vector<JoinedAnswer> all(link_->nodes());
   SMB_RETURN_IF_ERROR(link_->AllGather(&answer, sizeof answer, all.data(), timeout_s()));
   for (const JoinedAnswer& a : all) {

@@ -140,8 +140,8 @@ class Group {
   Status LearnAcrossNodes(std::string* text, bool* complete);
   // Then, before any data moves: tells the training nodes whether this rank
   // takes part (`taking_part` OK) or why it cannot; they fail the collective
-  // with that reason (AgreeAcrossNodes). Returns the first reason any
-  // wholly joined node gave.
+  // with that reason (their AgreeAcrossNodes takes part in the same exchange,
+  // answering OK). Returns the first reason any wholly joined node gave.
   Status AnswerAcrossNodes(const Status& taking_part);
   // The description (with its agreement) that a rank still training published
   // for the collective this rank is about to run, once it has: what a joined
@@ -172,8 +172,6 @@ class Group {
   std::string next_agreement_;  // see SetNextAgreement
   std::string agreement_;       // the current collective's, from AgreeHere to AgreeAcrossNodes
   std::vector<char> learned_;   // the nodes' verdicts LearnAcrossNodes got, for AgreeAcrossNodes
-  // The exchange of wholly joined nodes' answers (AnswerAcrossNodes).
-  Status ExchangeJoinedAnswers(const Status& mine);
 };
 
 }  // namespace smb

@@ -98,6 +98,7 @@ namespace {
 struct JoinedCollective {
   std::string agreement, desc, op;
   std::vector<TensorRef> tensors;  // `in` and `out` null
+  int root = -1;                   // a broadcast's
 };
 
 // Reads `text` (a description after its agreement's lines); not OK, with
@@ -132,8 +133,8 @@ Status ReadJoinedCollective(const Group& group, const std::string& text, bool co
                                        c->desc.substr(0, 80) + "'");
   }
   if (c->op.rfind("broadcast from rank ", 0) == 0) {
-    const int root = std::atoi(c->op.c_str() + std::strlen("broadcast from rank "));
-    if (root == group.job_rank()) {
+    c->root = std::atoi(c->op.c_str() + std::strlen("broadcast from rank "));
+    if (c->root == group.job_rank()) {
       return Status(Code::kInvalidArgument,
                     who + ", so it has nothing to broadcast as the root of " + c->desc);
     }
@@ -181,10 +182,9 @@ Status ServeAsJoined(Group& group) {
     return AllReduceSumShared(group, c.tensors, &outputs, &sums, &hold);
   }
   if (c.op == "barrier") return group.Agree("barrier", "barrier");
-  const int root = std::atoi(c.op.c_str() + std::strlen("broadcast from rank "));
   ScratchOutputs outputs;
   SMB_RETURN_IF_ERROR(outputs.AllocateOutputs(&c.tensors));
-  return Broadcast(group, root, c.tensors);
+  return Broadcast(group, c.root, c.tensors);
 }
 
 }  // namespace smb
