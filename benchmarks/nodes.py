@@ -108,7 +108,7 @@ FULL = dict(models="resnet50,vgg16", links="unshaped,10gbit,5gbit", layouts="2x2
             iters=10, warmup=2, fit_models="cnn,mlp,mlp10m", fit_epochs=5, fit_batch=256,
             samples="cnn:8192,mlp:32768,mlp10m:4096", timeout=900.0, link_seconds=2.0,
             combine_pushes=1)
-SMOKE = dict(models="mlp", links="10gbit", layouts="2x2", iters=3, warmup=1, fit_models="mlp",
+SMOKE = dict(models="mlp", links="10gbit", layouts="2x2", iters=40, warmup=1, fit_models="mlp",
              fit_epochs=2, fit_batch=64, samples="mlp:512", timeout=240.0, link_seconds=0.5,
              combine_pushes=1)
 # Required numbers of a smoke run (others, e.g. MWMS, may read n/a with a reason).

@@ -68,11 +68,12 @@ def test_benchmark_nodes_smoke(tmp_path: pathlib.Path) -> None:
         assert row["status"] in ("met", "missed", "n/a"), row
         assert row["measured"].strip(), row
     # A node's two workers' pushes combined in its box, one fetch shared: an async
-    # step (one step of each worker) moves about the minimum bytes (the target is
-    # 1.05x; a short run may end on an extra push). Each worker on its own moved 2x.
+    # step (one step of each worker) moves at most 1.05x the minimum bytes (the
+    # smoke's 40 steps: a push in flight from the warm-up counts, at most 1/40 more;
+    # 0.31x measured). Each worker on its own moved 2x.
     combined = [r for r in targets if r["target"].startswith("SMB async step's bytes")]
     assert len(combined) == 1 and combined[0]["status"] != "n/a", targets
-    assert float(combined[0]["measured"].split("x")[0]) <= 1.4, combined
+    assert float(combined[0]["measured"].split("x")[0]) <= 1.05, combined
 
     data = json.loads((tmp_path / "nodes.json").read_text())
     for cell in data["comm"]:
