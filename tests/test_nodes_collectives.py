@@ -61,10 +61,24 @@ def test_ranks_on_different_nodes_disagreeing_get_the_same_error(nodes, tmp_path
         assert across in r["across_nodes"], f"rank {r['rank']}: {r['across_nodes']}"
         assert one_node in r["on_one_node"], f"rank {r['rank']}: {r['on_one_node']}"
         assert r["agreed"] == [4.0] * 3, f"rank {r['rank']}: {r['agreed']}"
-        # tf_smb.horovod's process sets: one per node sums its own ranks; one
-        # spanning the nodes is refused on every rank, and the job goes on.
-        assert r["node_set_sum"] == [3.0 if r["rank"] < 2 else 7.0], r
-        assert "process set [0, 2] spans nodes [0, 1]" in r["spanning_set"], r
+        # tf_smb.horovod's process sets: one per node sums its own ranks; sets
+        # spanning the nodes ([0, 2], [1, 3]) sum, gather and broadcast among
+        # their own ranks; a set uneven over the nodes is refused on every rank,
+        # and the job goes on.
+        rank = r["rank"]
+        members = [0, 2] if rank % 2 == 0 else [1, 3]
+        assert r["node_set_sum"] == [3.0 if rank < 2 else 7.0], r
+        assert r["spanning_sum"] == [sum(m + 1.0 for m in members),
+                                     sum(10.0 * (m + 1) for m in members)], r
+        assert r["job_sum"] == [10.0, 100.0], r
+        assert r["spanning_gather"] == [m for m in members for _ in range(m + 1)], r
+        assert r["spanning_broadcast"] == members[1] * 10, r
+        average = sum(members) / 2
+        assert r["spanning_grouped"] == [[average] * 3, [average] * 2], r
+        assert r["node_set_after"] == [2.0], r
+        assert ("process set [0, 1, 2] spans nodes with different numbers of its ranks "
+                "(2 on node 0, 1 on node 1)") in r["uneven_set"], r
+        assert r["removed"] is True, r
         assert r["shape_error"] and verdict in r["shape_error"], f"rank {r['rank']}: {r['shape_error']}"
         # The job then stops: a later call fails at once with that error.
         assert r["later_error"] and "float32[3]" in r["later_error"], r
@@ -76,7 +90,7 @@ def test_hvd_join_across_nodes_with_a_whole_node_joined(nodes, tmp_path):
     join_nodes): a node whose every rank has joined takes part in the other node's
     collectives with zeros, whichever node decides the order; the ranks get the
     rank that joined last; afterwards every rank pairs up again."""
-    results = simnodes.run_workers(nodes, 2, [HOROVOD_API, "join_nodes"], 600,
+    results = simnodes.run_workers(nodes, 2, [HOROVOD_API, "join_nodes,spanning_sets_open"], 600,
                                    str(tmp_path), ENV)
     by_rank = {r["rank"]: r for r in results}
     assert sorted(by_rank) == [0, 1, 2, 3], sorted(by_rank)
@@ -96,6 +110,9 @@ def test_hvd_join_across_nodes_with_a_whole_node_joined(nodes, tmp_path):
             f"rank {rank}: {r['graph']}")
         assert r["last_graph"] == 0, f"rank {rank}: {r['last_graph']}"
         assert r["after"] == [sum_all, [10.0, 10.0]], f"rank {rank}: {r['after']}"
+        # Then sets spanning the nodes, left open at a clean exit (run_workers
+        # checks that every rank exited 0).
+        assert r["spanning_open_sum"] == [2.0 if rank % 2 == 0 else 4.0], r
     # One rank a node (no node-mate to read a description from), each node first in turn.
     (tmp_path / "pair").mkdir()
     pair = {r["rank"]: r for r in simnodes.run_workers(

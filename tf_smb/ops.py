@@ -155,12 +155,13 @@ _PROCESS_SETS: Dict[int, int] = {}
 
 
 def open_process_set(set_id: int, ranks: Sequence[int],
-                     timeout_s: Optional[float] = None) -> None:
-    """Opens process set `set_id` (> 0): the job's workers `ranks`, all on this
-    node, with a box of their own. Every worker in `ranks` calls it (the first
-    one makes the box, the others wait for it); the collectives given
-    `process_set=set_id` then run among those workers only, with ranks and
-    roots counted within the set (the index in `ranks`)."""
+                     timeout_s: Optional[float] = None, across_nodes: bool = False) -> None:
+    """Opens process set `set_id` (> 0): the job's workers `ranks`, with a box
+    of their own (`across_nodes`: the ranks are on several nodes, each with as
+    many of them; a box per node, joined over MPI). Every worker in `ranks`
+    calls it (the first one of a node makes the box, the others wait for it);
+    the collectives given `process_set=set_id` then run among those workers
+    only, with ranks and roots counted within the set (the index in `ranks`)."""
     job_info = job()
     ranks = [int(r) for r in ranks]
     if set_id <= 0 or job_info.rank not in ranks:
@@ -170,7 +171,8 @@ def open_process_set(set_id: int, ranks: Sequence[int],
     settings = _box_settings(timeout_s)
     run_now(lambda: _library().smb_init(
             job_id=f"{job_info.job_id[:80]}-ps{set_id}", rank=index, world=len(ranks),
-            create=index == 0, across_nodes=False, process_set=int(set_id), **settings))
+            create=index == 0, across_nodes=bool(across_nodes), process_set=int(set_id),
+            members=ranks if across_nodes else [], **settings))
     _PROCESS_SETS[int(set_id)] = index
 
 

@@ -161,8 +161,9 @@ class SmbContext {
     return absl::OkStatus();
   }
 
-  // A process set: some of the job's processes on one node, with a box and a
-  // collective order of their own (Horovod's process sets). Opening waits
+  // A process set: some of the job's processes, with a box (one per node, and
+  // across nodes a link of their own) and a collective order of their own
+  // (Horovod's process sets). Opening waits
   // for the set's first rank to make the box, as joining the job does.
   absl::Status OpenProcessSet(const smb::Communicator::Options& options, int process_set) {
     if (process_set < 0) {
@@ -356,6 +357,9 @@ class SmbInitOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("create", &options_.create));
     OP_REQUIRES_OK(c, c->GetAttr("across_nodes", &options_.across_nodes));
     OP_REQUIRES_OK(c, c->GetAttr("process_set", &process_set_));
+    std::vector<int32_t> members;
+    OP_REQUIRES_OK(c, c->GetAttr("members", &members));
+    options_.members.assign(members.begin(), members.end());
     int64_t staging, heap;
     OP_REQUIRES_OK(c, c->GetAttr("staging_bytes", &staging));
     OP_REQUIRES_OK(c, c->GetAttr("heap_bytes", &heap));

@@ -91,6 +91,7 @@ REGISTER_OP("SmbInit")
     .Attr("heap_bytes: int")
     .Attr("across_nodes: bool")
     .Attr("process_set: int = 0")
+    .Attr("members: list(int) = []")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(
@@ -99,8 +100,9 @@ before any other SMB op; `create` makes the box (rank 0 without a launcher).
 `across_nodes`: the job spans nodes; MPI finds the nodes, each node's local
 rank 0 creates its box, and the boxes are joined over MPI.
 `process_set` > 0 opens a process set instead: a group of some of the job's
-processes on one node, with a box of its own named by `job_id`, which the
-collectives with that `process_set` use.
+processes, with a box of its own named by `job_id` (one per node), which the
+collectives with that `process_set` use. A set spanning nodes gives
+`across_nodes` and its `members` (job ranks; `rank` is the index among them).
 The Python wrapper passes every attribute (defaults: cc/smb/defaults.h).
 )doc");
 

@@ -50,7 +50,7 @@ Status Communicator::Open(const Options& options, std::unique_ptr<Communicator>*
 
 Status Communicator::OpenAcrossNodes(const Options& options, std::unique_ptr<Communicator>* out) {
   std::unique_ptr<Transport> mpi;
-  SMB_RETURN_IF_ERROR(MakeMpiTransport(&mpi));
+  SMB_RETURN_IF_ERROR(MakeMpiTransport(&mpi, options.members));
   LinkOptions lo;
   lo.rank = options.rank;
   lo.world = options.world;

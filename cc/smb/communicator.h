@@ -50,6 +50,9 @@ class Communicator {
     // each node's local rank 0 creates the node's box (`create` is ignored),
     // and the nodes are joined through MPI.
     bool across_nodes = false;
+    // With across_nodes: the job ranks this communicator joins (a process set
+    // spanning nodes; `rank` and `world` count within it); empty: the job.
+    std::vector<int> members;
   };
 
   // The processes of one node, through the job's box (world 1: no box), and

@@ -284,6 +284,17 @@ def scenario_join_pair():
     return out
 
 
+def scenario_spanning_sets_open():
+    """Across 2 nodes x 2: sets spanning the nodes (ranks 0, 2 and 1, 3) sum
+    within themselves and stay open: the process exits cleanly with their
+    links still up (they stop first, then the job's link finalizes MPI)."""
+    rank = hvd_tf.rank()
+    sets = [hvd_tf.add_process_set([0, 2]), hvd_tf.add_process_set([1, 3])]
+    mine = next(s for s in sets if s.included())
+    return {"spanning_open_sum": hvd_tf.allreduce(
+        tf.constant([float(rank)]), op=hvd_tf.Sum, process_set=mine).numpy().tolist()}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenario")
@@ -300,7 +311,8 @@ def main():
                            "process_sets": scenario_process_sets,
                            "join": scenario_join,
                            "join_nodes": scenario_join_nodes,
-                           "join_pair": scenario_join_pair}[scenario]())
+                           "join_pair": scenario_join_pair,
+                           "spanning_sets_open": scenario_spanning_sets_open}[scenario]())
     result.update(rank=hvd.rank(), size=hvd.size())
     report(result, a.result_dir)
 

@@ -187,19 +187,40 @@ def _recoverable_allreduce(n):
 
 def _process_sets_per_node():
     """tf_smb.horovod's process sets across 2 nodes x 2: one per node sums its
-    ranks' values; a set spanning the nodes, and hvd.join, are refused on every
-    rank alike."""
+    ranks' values; two spanning the nodes (ranks 0, 2 and 1, 3: one a node)
+    run their collectives among their ranks, interleaved with the job's and
+    the node sets'; one with 2 ranks on node 0 and 1 on node 1 is refused on
+    every rank alike, and the job goes on."""
     import tf_smb.horovod as hvd  # pylint: disable=import-outside-toplevel
     hvd.init()
+    rank = hvd.rank()
     sets = [hvd.add_process_set([0, 1]), hvd.add_process_set([2, 3])]
     mine = next(s for s in sets if s.included())
-    out = {"node_set_sum": hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum,
+    out = {"node_set_sum": hvd.allreduce(tf.constant([float(rank + 1)]), op=hvd.Sum,
                                          process_set=mine).numpy().tolist()}
+    spanning = [hvd.add_process_set([0, 2]), hvd.add_process_set([1, 3])]
+    across = next(s for s in spanning if s.included())
+    value = tf.constant([float(rank + 1), 10.0 * (rank + 1)])
+    out["spanning_sum"] = hvd.allreduce(value, op=hvd.Sum, process_set=across).numpy().tolist()
+    out["job_sum"] = hvd.allreduce(value, op=hvd.Sum).numpy().tolist()
+    out["spanning_gather"] = hvd.allgather(tf.fill([rank + 1], rank),
+                                           process_set=across).numpy().tolist()
+    out["spanning_broadcast"] = int(hvd.broadcast(tf.constant(rank * 10),
+                                                  root_rank=across.ranks[1],
+                                                  process_set=across))
+    out["spanning_grouped"] = [t.numpy().tolist() for t in hvd.grouped_allreduce(
+        [tf.ones([3]) * rank, tf.ones([2], tf.float64) * rank], op=hvd.Average,
+        process_set=across)]
+    hvd.barrier(process_set=across)
+    out["node_set_after"] = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum,
+                                          process_set=mine).numpy().tolist()
     try:
-        hvd.add_process_set([0, 2])
-        out["spanning_set"] = "no error"
+        hvd.add_process_set([0, 1, 2])
+        out["uneven_set"] = "no error"
     except NotImplementedError as e:
-        out["spanning_set"] = str(e)
+        out["uneven_set"] = str(e)
+    # Ranks 1 and 3 leave [1, 3] open: its link stops at exit, before the job's.
+    out["removed"] = hvd.remove_process_set(spanning[0])
     return out
 
 

@@ -7,6 +7,7 @@ launcher's variables; tf_smb.run starts every worker on one node.
 """
 from __future__ import annotations
 
+import collections
 import os
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
@@ -76,9 +77,9 @@ class ProcessSet:
     Give the sets to `init(process_sets=...)` or add them with `add_process_set`
     on every rank; then the collectives given `process_set=` run among its ranks
     only (only they call them), with roots named by their job rank. tf_smb
-    gives each set a box of its own, so a set's ranks must share a node; across
-    nodes, a set whose ranks are on several nodes is refused with
-    NotImplementedError.
+    gives each set a box of its own on each of its nodes; a set spanning nodes
+    joins its boxes over MPI with a link of its own, and needs as many of its
+    ranks on each of its nodes (else NotImplementedError, on every rank).
     """
 
     def __init__(self, ranks_or_comm: Optional[Sequence[int]] = None) -> None:
@@ -292,15 +293,18 @@ def add_process_set(process_set: Union[Sequence[int], ProcessSet]) -> ProcessSet
             raise ValueError(f"hvd.add_process_set: a process set with ranks {ranks} "
                              f"already exists (id {existing.process_set_id})")
     nodes = _nodes_of_ranks()
-    if nodes is not None and len({nodes[r] for r in ranks}) > 1:
+    per_node = collections.Counter(nodes[r] for r in ranks) if nodes is not None else {}
+    spans = len(per_node) > 1
+    if spans and len(set(per_node.values())) > 1:
+        counts = ", ".join(f"{n} on node {node}" for node, n in sorted(per_node.items()))
         raise NotImplementedError(
-            f"tf_smb.horovod: process set {ranks} spans nodes "
-            f"{sorted({nodes[r] for r in ranks})}; a process set's ranks must share a node "
-            "(each set gets a box of its own on that node)")
+            f"tf_smb.horovod: process set {ranks} spans nodes with different numbers of its "
+            f"ranks ({counts}); a set spanning nodes needs as many of its ranks on each of "
+            "its nodes (one box per node, joined rank by rank)")
     set_id = _State.next_set_id
     _State.next_set_id += 1
     if rank() in ranks:
-        smb_ops.open_process_set(set_id, ranks)
+        smb_ops.open_process_set(set_id, ranks, across_nodes=spans)
         # Every member has its box open before any of its collectives.
         smb_ops.run_now(lambda: smb_ops.barrier(
             agreement="hvd.add_process_set\ncollective=opened", process_set=set_id))

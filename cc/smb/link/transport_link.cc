@@ -1022,7 +1022,9 @@ void StopLinksAtExit() {
       if (auto link = weak.lock()) alive.push_back(link);
     }
   }
-  for (auto& link : alive) link->Stop();
+  // Newest first: a process set's link finishes before the job's, which
+  // finalizes the transport (MPI) under it.
+  for (auto it = alive.rbegin(); it != alive.rend(); ++it) (*it)->Stop();
 }
 
 }  // namespace

@@ -6,7 +6,7 @@ namespace smb {
 
 bool MpiAvailable() { return false; }
 
-Status MakeMpiTransport(std::unique_ptr<Transport>*) {
+Status MakeMpiTransport(std::unique_ptr<Transport>*, std::vector<int>) {
   return Status(Code::kInternal,
                 "this job spans several nodes, but tf_smb's library was built without MPI "
                 "(mpi.h was not found when it was compiled): install Open MPI's development "
@@ -79,20 +79,26 @@ class MpiTransport : public Transport {
  public:
   std::string name() const override { return "MPI"; }
 
+  explicit MpiTransport(std::vector<int> members) : members_(std::move(members)) {}
+
   Status Start(int rank, int world, Layout* layout) override {
     int initialized = 0;
     MPI_Initialized(&initialized);
-    if (!initialized) {
+    if (!members_.empty()) {
+      SMB_RETURN_IF_ERROR(JoinMembers(initialized != 0));
+    } else if (!initialized) {
       int provided = 0;
-      const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+      // MULTIPLE: a process set's link calls MPI from a thread of its own.
+      const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
       if (rc != MPI_SUCCESS) {
         return Status(Code::kInternal, "MPI_Init_thread failed: " + MpiError(rc));
       }
     }
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    const MPI_Comm base = members_.empty() ? MPI_COMM_WORLD : members_comm_;
+    MPI_Comm_set_errhandler(base, MPI_ERRORS_RETURN);
     int my_rank = 0, size = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(base, &my_rank);
+    MPI_Comm_size(base, &size);
     if (my_rank != rank || size != world) {
       return InvalidArgument("the launcher's environment says rank " + std::to_string(rank) +
                              " of " + std::to_string(world) + ", but MPI says rank " +
@@ -101,12 +107,12 @@ class MpiTransport : public Transport {
     }
     // The ranks that share memory with this one are its node.
     MPI_Comm node_comm;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm);
+    MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm);
     int local_rank = 0, local_size = 0;
     MPI_Comm_rank(node_comm, &local_rank);
     MPI_Comm_size(node_comm, &local_size);
     MPI_Comm leaders;
-    MPI_Comm_split(MPI_COMM_WORLD, local_rank == 0 ? 0 : MPI_UNDEFINED, rank, &leaders);
+    MPI_Comm_split(base, local_rank == 0 ? 0 : MPI_UNDEFINED, rank, &leaders);
     int where[2] = {0, 0};  // node index, nodes
     if (local_rank == 0) {
       MPI_Comm_rank(leaders, &where[0]);
@@ -118,7 +124,7 @@ class MpiTransport : public Transport {
     // Every rank's place: (node, local rank, local size).
     const int mine[3] = {where[0], local_rank, local_size};
     std::vector<int> all(3 * static_cast<size_t>(world));
-    MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, MPI_COMM_WORLD);
+    MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, base);
     layout->rank = rank;
     layout->world = world;
     layout->nodes = where[1];
@@ -130,9 +136,9 @@ class MpiTransport : public Transport {
       layout->local_of[r] = all[3 * r + 1];
       layout->local_size_of[r] = all[3 * r + 2];
     }
-    MPI_Comm_split(MPI_COMM_WORLD, local_rank, where[0], &cross_);
+    MPI_Comm_split(base, local_rank, where[0], &cross_);
     MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
-    MPI_Comm_dup(MPI_COMM_WORLD, &control_);
+    MPI_Comm_dup(base, &control_);
     MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
     MPI_Op_create(&SumHalf, /*commute=*/1, &sum_half_);
     MPI_Op_create(&SumBFloat16, /*commute=*/1, &sum_bfloat16_);
@@ -206,15 +212,47 @@ class MpiTransport : public Transport {
   }
 
   void Finish() override {
-    // Every rank finalizes, or mpirun calls the job failed.
     MPI_Op_free(&sum_half_);
     MPI_Op_free(&sum_bfloat16_);
     MPI_Comm_free(&cross_);
     MPI_Comm_free(&control_);
+    if (!members_.empty()) {
+      MPI_Comm_free(&members_comm_);
+      return;  // the job's transport finalizes
+    }
+    // Every rank finalizes, or mpirun calls the job failed.
     MPI_Finalize();
   }
 
  private:
+  // members_comm_ = a communicator of the members (only they call this).
+  Status JoinMembers(bool initialized) {
+    int provided = 0;
+    if (initialized) MPI_Query_thread(&provided);
+    if (!initialized || provided < MPI_THREAD_MULTIPLE) {
+      return Status(Code::kFailedPrecondition,
+                    "a process set spanning nodes needs MPI initialized with "
+                    "MPI_THREAD_MULTIPLE by the job's own link first; MPI is " +
+                        std::string(initialized ? "initialized with a lower thread level "
+                                                  "(by another library?)"
+                                                : "not initialized"));
+    }
+    MPI_Group world_group = MPI_GROUP_NULL, members_group = MPI_GROUP_NULL;
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    MPI_Group_incl(world_group, static_cast<int>(members_.size()), members_.data(),
+                   &members_group);
+    const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, members_group, /*tag=*/0,
+                                         &members_comm_);
+    MPI_Group_free(&members_group);
+    MPI_Group_free(&world_group);
+    if (rc != MPI_SUCCESS) {
+      return Status(Code::kAborted, "MPI_Comm_create_group failed: " + MpiError(rc));
+    }
+    return Status::Ok();
+  }
+
+  const std::vector<int> members_;      // job ranks; empty: the whole job
+  MPI_Comm members_comm_ = MPI_COMM_NULL;
   MPI_Comm cross_ = MPI_COMM_NULL;    // my counterparts, ranked by node
   MPI_Comm control_ = MPI_COMM_NULL;  // point-to-point messages
   MPI_Op sum_half_ = MPI_OP_NULL, sum_bfloat16_ = MPI_OP_NULL;
@@ -224,8 +262,8 @@ class MpiTransport : public Transport {
 
 bool MpiAvailable() { return true; }
 
-Status MakeMpiTransport(std::unique_ptr<Transport>* out) {
-  *out = std::make_unique<MpiTransport>();
+Status MakeMpiTransport(std::unique_ptr<Transport>* out, std::vector<int> members) {
+  *out = std::make_unique<MpiTransport>(std::move(members));
   return Status::Ok();
 }
 

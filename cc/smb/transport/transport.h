@@ -8,8 +8,9 @@
 // Implementations: transport/mpi_transport.h (Open MPI, across hosts) and
 // transport/thread_transport.h (ranks as threads of one process, for tests).
 // Every call comes from the engine's one thread, so an implementation needs no
-// locking of its own against the engine, and MPI needs only
-// MPI_THREAD_SERIALIZED. Only Start and Finish may block.
+// locking of its own against the engine (MPI's thread level is MULTIPLE only
+// because a process set's link is a second engine). Only Start and Finish may
+// block.
 #ifndef TF_SMB_CC_SMB_TRANSPORT_TRANSPORT_H_
 #define TF_SMB_CC_SMB_TRANSPORT_TRANSPORT_H_
 
