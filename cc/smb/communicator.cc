@@ -22,6 +22,13 @@ Status Communicator::Open(const Options& options, std::unique_ptr<Communicator>*
     return InvalidArgument("timeout must be positive, got " +
                            std::to_string(options.timeout_s));
   }
+  if (!options.members.empty() &&
+      (!options.across_nodes || static_cast<int>(options.members.size()) != options.world)) {
+    return InvalidArgument("members are given for a process set spanning nodes, one job rank "
+                           "per rank of it: expected " + std::to_string(options.world) +
+                           " with across_nodes, got " + std::to_string(options.members.size()) +
+                           (options.across_nodes ? "" : " without across_nodes"));
+  }
   if (options.across_nodes) return OpenAcrossNodes(options, out);
   std::unique_ptr<ShmPeers> peers;
   if (options.world > 1) {

@@ -130,6 +130,16 @@ void TestSingleWorkerCommunicator() {
   o.rank = 1;
   Check(smb::Communicator::Open(o, &comm).code() == smb::Code::kInvalidArgument,
         "rank out of range refused");
+  // A process set's members: one job rank per rank of it, and only across nodes.
+  o.rank = 0;
+  o.world = 2;
+  o.members = {0, 2};
+  Check(smb::Communicator::Open(o, &comm).code() == smb::Code::kInvalidArgument,
+        "members without across_nodes refused");
+  o.across_nodes = true;
+  o.members = {0, 2, 3};
+  Check(smb::Communicator::Open(o, &comm).code() == smb::Code::kInvalidArgument,
+        "members of another size than the world refused");
 }
 
 }  // namespace

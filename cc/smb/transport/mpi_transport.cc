@@ -239,10 +239,14 @@ class MpiTransport : public Transport {
     }
     MPI_Group world_group = MPI_GROUP_NULL, members_group = MPI_GROUP_NULL;
     MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-    MPI_Group_incl(world_group, static_cast<int>(members_.size()), members_.data(),
-                   &members_group);
-    const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, members_group, /*tag=*/0,
-                                         &members_comm_);
+    int rc = MPI_Group_incl(world_group, static_cast<int>(members_.size()), members_.data(),
+                            &members_group);
+    if (rc != MPI_SUCCESS) {
+      MPI_Group_free(&world_group);
+      return InvalidArgument("a process set's ranks must be distinct ranks of the job: " +
+                             MpiError(rc));
+    }
+    rc = MPI_Comm_create_group(MPI_COMM_WORLD, members_group, /*tag=*/0, &members_comm_);
     MPI_Group_free(&members_group);
     MPI_Group_free(&world_group);
     if (rc != MPI_SUCCESS) {
