@@ -4,11 +4,14 @@ Each sanitized test binary is kept in ``$TF_SMB_CACHE/sanitized`` (default
 ``~/.cache/tf_smb``) under a key that hashes the compiler's version, the flags and
 every C++ source and header it is built from, so a run whose C++ is unchanged only
 runs it (building the core under a sanitizer takes a minute on two cores). When it
-is built, the core's sources are compiled once per sanitizer per pytest session, on
-every CPU at once, and each test then compiles its own file and links.
+is built, the core's sources are compiled once per sanitizer, on every CPU at once,
+and kept beside the binaries under a key of their own (compiler, flags, cc/smb), so
+the pytest-xdist workers that run test_sanitizers.py and test_timeline.py share them
+(a file lock makes one wait for the other's build); each test then compiles its own
+file and links.
 """
-import atexit
 import concurrent.futures
+import fcntl
 import hashlib
 import os
 import shutil
@@ -37,8 +40,6 @@ COMMON_FLAGS = ["-std=c++17", "-O1", "-g"]
 
 _objects: Dict[str, List[str]] = {}
 _lock = threading.Lock()
-_build_dir = tempfile.mkdtemp(prefix="tf_smb_sanitized_")
-atexit.register(shutil.rmtree, _build_dir, ignore_errors=True)
 
 
 def _compiler() -> str:
@@ -54,49 +55,64 @@ def _compile(cxx: str, flags: Sequence[str], source: str, obj: str) -> None:
     assert build.returncode == 0, f"compiling {source}:\n{build.stderr[-5000:]}"
 
 
-def core_objects(sanitizer: str) -> List[str]:
-    """The core's object files built with `sanitizer` (built on first use)."""
-    with _lock:
-        if sanitizer not in _objects:
-            cxx = _compiler()
-            flags = SANITIZERS[sanitizer][0]
-            out = os.path.join(_build_dir, sanitizer)
-            os.makedirs(out, exist_ok=True)
-            objects = [os.path.join(out, os.path.relpath(s, REPO).replace(os.sep, "_") + ".o")
-                       for s in CORE_SOURCES]
-            with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-                for job in [pool.submit(_compile, cxx, flags, s, o)
-                            for s, o in zip(CORE_SOURCES, objects)]:
-                    job.result()
-            _objects[sanitizer] = objects
-        return _objects[sanitizer]
+def _cache() -> str:
+    cache = os.path.join(op_library.cache_root(), "sanitized")
+    os.makedirs(cache, exist_ok=True)
+    return cache
 
 
-def _binary_key(test: str, sanitizer: str) -> str:
-    """Hashes what the binary is built from: compiler version, flags, C++ files."""
+def _key(name: str, sanitizer: str, folders: Sequence[str]) -> str:
+    """Hashes what `name` is built from: compiler version, flags, the C++ files
+    under cc/`folders`."""
     digest = hashlib.sha256()
     version = subprocess.run([_compiler(), "--version"], capture_output=True, text=True,
                              timeout=60).stdout
-    digest.update("\0".join([version, test, *COMMON_FLAGS, *SANITIZERS[sanitizer][0]]).encode())
-    for folder in ("smb", "tests"):
+    digest.update("\0".join([version, name, *COMMON_FLAGS, *SANITIZERS[sanitizer][0]]).encode())
+    for folder in folders:
         for root, dirs, files in os.walk(os.path.join(REPO, "cc", folder)):
             dirs.sort()
-            for name in sorted(files):
-                path = os.path.join(root, name)
+            for file in sorted(files):
+                path = os.path.join(root, file)
                 digest.update(os.path.relpath(path, REPO).encode() + b"\0")
                 with open(path, "rb") as f:
                     digest.update(f.read())
     return digest.hexdigest()[:20]
 
 
+def core_objects(sanitizer: str) -> List[str]:
+    """The core's object files built with `sanitizer`: from the cache when cc/smb
+    is unchanged, else built (by one process at a time) and put there."""
+    with _lock:
+        if sanitizer not in _objects:
+            folder = os.path.join(_cache(), f"core_{sanitizer}-{_key('core', sanitizer, ['smb'])}")
+            objects = [os.path.join(folder, os.path.relpath(s, REPO).replace(os.sep, "_") + ".o")
+                       for s in CORE_SOURCES]
+            with open(folder + ".lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building them
+                if not os.path.isdir(folder):
+                    partial = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".",
+                                               dir=os.path.dirname(folder))
+                    try:
+                        cxx, flags = _compiler(), SANITIZERS[sanitizer][0]
+                        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+                            for job in [pool.submit(_compile, cxx, flags, s,
+                                                    os.path.join(partial, os.path.basename(o)))
+                                        for s, o in zip(CORE_SOURCES, objects)]:
+                                job.result()
+                        os.rename(partial, folder)
+                    finally:
+                        shutil.rmtree(partial, ignore_errors=True)
+            _objects[sanitizer] = objects
+        return _objects[sanitizer]
+
+
 def sanitized_binary(test: str, sanitizer: str) -> str:
     """cc/tests/`test`.cc linked with the core under `sanitizer`: from the cache
     when its C++ is unchanged, else built and put there (atomically)."""
-    cache = os.path.join(op_library.cache_root(), "sanitized")
-    binary = os.path.join(cache, f"{test}_{sanitizer}-{_binary_key(test, sanitizer)}")
+    binary = os.path.join(_cache(),
+                          f"{test}_{sanitizer}-{_key(test, sanitizer, ['smb', 'tests'])}")
     if os.path.isfile(binary):
         return binary
-    os.makedirs(cache, exist_ok=True)
     partial = f"{binary}.{os.getpid()}.{threading.get_ident()}.partial"
     build = subprocess.run(
         [_compiler(), *COMMON_FLAGS, *SANITIZERS[sanitizer][0], "-I", REPO,
