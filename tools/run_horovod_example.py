@@ -12,7 +12,7 @@ with only these changes, each printed before the run:
     reads scikit-learn's 1,797 handwritten 8x8 digits (shipped with it), scaled to
     28x28 and 0..255 like MNIST, 80% for training.
 --short (for tests) also cuts the examples' fixed lengths: 2 epochs of 60
-steps, 200 custom-loop steps. Then it runs under `python -m tf_smb.run -np N`. With --horovod the import
+steps, 100 custom-loop steps. Then it runs under `python -m tf_smb.run -np N`. With --horovod the import
 lines stay and the same copy runs on the installed Horovod under `mpirun`: the
 comparison swaps one thing only.
 """
@@ -55,7 +55,7 @@ CHANGES = [
 SHORT = [
     (r"epochs=24\b", "epochs=2"),
     (r"steps_per_epoch=500 // hvd\.size\(\)", "steps_per_epoch=60 // hvd.size()"),
-    (r"dataset\.take\(10000 // hvd\.size\(\)\)", "dataset.take(200 // hvd.size())"),
+    (r"dataset\.take\(10000 // hvd\.size\(\)\)", "dataset.take(100 // hvd.size())"),
 ]
 
 
