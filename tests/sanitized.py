@@ -79,30 +79,34 @@ def _key(name: str, sanitizer: str, folders: Sequence[str]) -> str:
     return digest.hexdigest()[:20]
 
 
+def _compile_core(sanitizer: str, objects: Sequence[str]) -> None:
+    """Compiles the core's sources with `sanitizer` into `objects`, on every CPU."""
+    cxx, flags = _compiler(), SANITIZERS[sanitizer][0]
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        for job in [pool.submit(_compile, cxx, flags, s, o)
+                    for s, o in zip(CORE_SOURCES, objects)]:
+            job.result()
+
+
 def core_objects(sanitizer: str) -> List[str]:
     """The core's object files built with `sanitizer`: from the cache when cc/smb
-    is unchanged, else built (by one process at a time) and put there."""
+    is unchanged, else built (by one process at a time) and put there whole."""
     with _lock:
-        if sanitizer not in _objects:
-            folder = os.path.join(_cache(), f"core_{sanitizer}-{_key('core', sanitizer, ['smb'])}")
-            objects = [os.path.join(folder, os.path.relpath(s, REPO).replace(os.sep, "_") + ".o")
-                       for s in CORE_SOURCES]
-            with open(folder + ".lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building them
-                if not os.path.isdir(folder):
-                    partial = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".",
-                                               dir=os.path.dirname(folder))
-                    try:
-                        cxx, flags = _compiler(), SANITIZERS[sanitizer][0]
-                        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-                            for job in [pool.submit(_compile, cxx, flags, s,
-                                                    os.path.join(partial, os.path.basename(o)))
-                                        for s, o in zip(CORE_SOURCES, objects)]:
-                                job.result()
-                        os.rename(partial, folder)
-                    finally:
-                        shutil.rmtree(partial, ignore_errors=True)
-            _objects[sanitizer] = objects
+        if sanitizer in _objects:
+            return _objects[sanitizer]
+        folder = os.path.join(_cache(), f"core_{sanitizer}-{_key('core', sanitizer, ['smb'])}")
+        names = [os.path.relpath(s, REPO).replace(os.sep, "_") + ".o" for s in CORE_SOURCES]
+        with open(folder + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building them
+            if not os.path.isdir(folder):
+                partial = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".",
+                                           dir=os.path.dirname(folder))
+                try:
+                    _compile_core(sanitizer, [os.path.join(partial, n) for n in names])
+                    os.rename(partial, folder)
+                finally:
+                    shutil.rmtree(partial, ignore_errors=True)
+        _objects[sanitizer] = [os.path.join(folder, n) for n in names]
         return _objects[sanitizer]
 
 
