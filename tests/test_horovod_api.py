@@ -165,3 +165,86 @@ def test_join_lets_ranks_that_ran_out_of_data_add_nothing(three_process_scenario
         assert r["after"] == [[6.0] * 3] * 2, r
         assert ("rank 0 has joined (hvd.join), so it has nothing to broadcast as the root of "
                 "broadcast from rank 0") in r["root_joined"], r
+
+
+def test_rows_ops_gather_scatter_and_exchange_exactly_and_reject_bad_counts():
+    # The local halves of allgather, reducescatter and alltoall on the box's sum
+    # (tf_smb.ops.place_rows, take_rows, received_rows), in one process: rank r's
+    # placed tensors summed over ranks are every rank's rows in rank order,
+    # take_rows gives a rank's rows back, the gradients are each other, each rank
+    # receives its blocks of an all-to-all, and counts that do not fit fail clearly.
+    code = r'''
+import json
+import numpy as np
+import tensorflow as tf
+from tf_smb import ops
+
+counts = np.array([[2, 0], [3, 1], [1, 2]], np.int64)  # [ranks, tensors]
+parts = [[np.arange(r * 100, r * 100 + counts[r, 0] * 4, dtype=np.float32).reshape(-1, 2, 2),
+          (np.arange(counts[r, 1] * 3) % 2 == r % 2).reshape(-1, 3)] for r in range(3)]
+placed = [ops.place_rows([tf.constant(a), tf.constant(b)], counts, r)
+          for r, (a, b) in enumerate(parts)]
+gathered = [np.concatenate([parts[r][i] for r in range(3)]) for i in range(2)]
+out = {"shapes": [list(p.shape) for p in placed[1]],
+       "float_exact": bool((sum(p[0].numpy() for p in placed) == gathered[0]).all()),
+       "bool_exact": bool((np.logical_or.reduce([p[1].numpy() for p in placed])
+                           == gathered[1]).all()),
+       "zeros_elsewhere": bool((placed[1][0].numpy()[:2] == 0).all()
+                               and (placed[1][0].numpy()[5:] == 0).all()),
+       "take_inverts": all(bool((ops.take_rows([g], counts[:, :1], r)[0].numpy()
+                                 == parts[r][0]).all()) for r, g in
+                           enumerate([gathered[0]] * 3))}
+x = tf.constant(parts[1][0])
+with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = ops.place_rows([x], counts[:, :1], 1)[0]
+    loss = tf.reduce_sum(y * tf.range(1.0, 7.0)[:, None, None])
+out["grad_rows"] = tape.gradient(loss, x).numpy()[:, 0, 0].tolist()
+
+@tf.function
+def traced(t):
+    return ops.place_rows([t], counts[:, :1], 2)[0]
+out["traced_shape"] = traced.get_concrete_function(
+    tf.TensorSpec([None, 2, 2], tf.float32)).structured_outputs.shape.as_list()
+# An all-to-all of 3 ranks: matrix[r, j] rows from rank r to rank j; rank r's
+# rows are r*10 + j for its rows to rank j.
+matrix = np.array([[1, 0, 2], [2, 1, 0], [0, 3, 1]], np.int64)
+total = np.concatenate([np.repeat([r * 10 + j for j in range(3)], matrix[r])
+                        for r in range(3)]).astype(np.int32)[:, None]
+out["received"] = [ops.received_rows(total, matrix, j).numpy()[:, 0].tolist()
+                   for j in range(3)]
+errors = {}
+for name, make in {
+        "rows": lambda: ops.place_rows([tf.zeros([4, 2])], counts[:, :1], 0),
+        "negative": lambda: ops.place_rows([tf.zeros([2])], [[2], [-1]], 0),
+        "rank": lambda: ops.place_rows([tf.zeros([2])], counts[:, :1], 3),
+        "width": lambda: ops.take_rows([tf.zeros([6])], counts, 0),
+        "total": lambda: ops.take_rows([tf.zeros([5])], counts[:, :1], 0),
+        "square": lambda: ops.received_rows(total, matrix[:2], 0),
+        "sent": lambda: ops.received_rows(total[:8], matrix, 0),
+        "string": lambda: ops.place_rows([tf.constant(["a", "b"])], counts[:, :1], 0)}.items():
+    try:
+        make()
+        errors[name] = "no error"
+    except tf.errors.InvalidArgumentError as e:
+        errors[name] = e.message
+out["errors"] = errors
+print(json.dumps(out))
+'''
+    out = json.loads(harness.run_python(code).strip().splitlines()[-1])
+    assert out["shapes"] == [[6, 2, 2], [3, 3]]
+    assert out["float_exact"] and out["bool_exact"] and out["zeros_elsewhere"]
+    assert out["take_inverts"]
+    # Rank 1's rows are rows 2..4 of the placed tensor, weighted 3, 4 and 5.
+    assert out["grad_rows"] == [3.0, 4.0, 5.0]
+    assert out["traced_shape"] == [None, 2, 2]
+    assert out["received"] == [[0, 10, 10], [11, 21, 21, 21], [2, 2, 22]]
+    errors = out["errors"]
+    assert "counted with 2 rows on rank 0, got 4" in errors["rows"], errors["rows"]
+    assert "non-negative row counts, got -1 for rank 1" in errors["negative"], errors["negative"]
+    assert "expected counts of shape [ranks > 3, 1]" in errors["rank"], errors["rank"]
+    assert "expected counts of shape [ranks > 0, 1]" in errors["width"], errors["width"]
+    assert "counted with 6 rows over all ranks, got 5" in errors["total"], errors["total"]
+    assert "expected a square matrix" in errors["square"], errors["square"]
+    assert "summing to the 8 rows sent" in errors["sent"], errors["sent"]
+    assert "numeric or bool dtype" in errors["string"], errors["string"]

@@ -294,6 +294,36 @@ def join() -> tf.Tensor:
     return _library().smb_join()
 
 
+def place_rows(tensors: Sequence[tf.Tensor], counts: Any, rank: int) -> List[tf.Tensor]:
+    """Each tensor in zeros at rank `rank`'s offset along the first dimension:
+    `counts[r, i]` (int64 [ranks, len(tensors)]) is rank r's number of rows of
+    tensor i, so placed tensor i has sum(counts[:, i]) rows, and the sum over
+    ranks of the placed tensors is every rank's rows in rank order (an
+    allgather on `allreduce`). InvalidArgumentError when `counts[rank, i]` is
+    not tensor i's first dimension."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    return list(_library().smb_place_rows(tensors, tf.cast(counts, tf.int64), rank=rank))
+
+
+def take_rows(tensors: Sequence[tf.Tensor], counts: Any, rank: int) -> List[tf.Tensor]:
+    """`place_rows`' inverse: rank `rank`'s rows of each tensor, which has
+    sum(counts[:, i]) rows."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    return list(_library().smb_take_rows(tensors, tf.cast(counts, tf.int64), rank=rank))
+
+
+def received_rows(total: tf.Tensor, matrix: Any, rank: int) -> tf.Tensor:
+    """The rows rank `rank` receives in an all-to-all whose `matrix[r, j]`
+    (int64 [ranks, ranks]) rows go from rank r to rank j, from `total`: every
+    rank's sent rows in rank order (the sum over ranks of each rank's rows
+    placed with `place_rows` at counts matrix.sum(axis=1))."""
+    return _library().smb_received_rows(total, tf.cast(matrix, tf.int64), rank=rank)
+
+
 def _nonzero_grads(op, grads) -> List[tf.Tensor]:
     return [tf.zeros_like(x) if g is None else tf.convert_to_tensor(g)
             for x, g in zip(op.inputs, grads)]
@@ -311,6 +341,21 @@ def _broadcast_grad(op, *grads):
     if _rank_in(process_set) == op.get_attr("root"):
         return summed
     return [tf.zeros_like(g) for g in summed]
+
+
+def _output_grads(op, grads) -> List[tf.Tensor]:
+    return [tf.zeros_like(y) if g is None else tf.convert_to_tensor(g)
+            for y, g in zip(op.outputs, grads)]
+
+
+@tf.RegisterGradient("SmbPlaceRows")
+def _place_rows_grad(op, *grads):
+    return [*take_rows(_output_grads(op, grads), op.inputs[-1], op.get_attr("rank")), None]
+
+
+@tf.RegisterGradient("SmbTakeRows")
+def _take_rows_grad(op, *grads):
+    return [*place_rows(_output_grads(op, grads), op.inputs[-1], op.get_attr("rank")), None]
 
 
 # ---- Asynchronous mode: parameters living in the box ------------------------

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -1158,6 +1159,181 @@ REGISTER_KERNEL_BUILDER(Name("SmbClockFinish").Device(DEVICE_CPU), SmbClockFinis
 REGISTER_KERNEL_BUILDER(Name("SmbWaitAllFinished").Device(DEVICE_CPU), SmbWaitAllFinishedOp);
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentHome").Device(DEVICE_CPU), SmbSegmentHomeOp);
 
+// ---- Gathering on the box's sum: SmbPlaceRows, SmbTakeRows, SmbReceivedRows --
+// The local halves of tf_smb.horovod's allgather, reducescatter and alltoall,
+// one kernel each (for a whole list of tensors), so a grouped allgather is a
+// few graph nodes, not dozens: graph-mode runs pay for every node of a growing
+// graph. (Here, not in a file of their own: each file that includes
+// TensorFlow's headers adds ~10 s of CPU to every build of the op library.)
+
+// Bytes of one row (first-dimension slice) of `t`.
+int64_t RowBytes(const Tensor& t) {
+  int64_t elements = 1;
+  for (int d = 1; d < t.dims(); ++d) elements *= t.dim_size(d);
+  return elements * DataTypeSize(t.dtype());
+}
+
+absl::Status CheckRowsCopyable(const std::string& op, int i, const Tensor& t) {
+  if (t.dims() < 1 || !DataTypeCanUseMemcpy(t.dtype())) {
+    return absl::InvalidArgumentError(
+        op + ": expected tensors of at least one dimension and a numeric or bool dtype, "
+        "got tensor " + std::to_string(i) + " of " + DataTypeString(t.dtype()) + " " +
+        t.shape().DebugString());
+  }
+  return absl::OkStatus();
+}
+
+// `t`'s shape with `rows` rows.
+TensorShape WithRows(const Tensor& t, int64_t rows) {
+  TensorShape shape = t.shape();
+  shape.set_dim(0, rows);
+  return shape;
+}
+
+// SmbPlaceRows (kPlace) and SmbTakeRows (kTake): rank `rank`'s rows of each
+// tensor into zeros of all ranks' rows, or out of them. counts[r, i]: rank r's
+// rows of tensor i.
+class MoveRowsOp : public OpKernel {
+ public:
+  enum Direction { kPlace, kTake };
+  MoveRowsOp(OpKernelConstruction* c, Direction direction)
+      : OpKernel(c), direction_(direction) {
+    OP_REQUIRES_OK(c, c->GetAttr("rank", &rank_));
+  }
+
+  void Compute(OpKernelContext* c) override {
+    const int tensors = c->num_inputs() - 1;
+    std::vector<int64_t> offsets, mine, totals;
+    OP_REQUIRES_OK(c, ReadCounts(c->input(tensors), tensors, &offsets, &mine, &totals));
+    const bool place = direction_ == kPlace;
+    for (int i = 0; i < tensors; ++i) {
+      const Tensor& in = c->input(i);
+      OP_REQUIRES_OK(c, CheckRowsCopyable(name(), i, in));
+      const int64_t expected = place ? mine[i] : totals[i];
+      OP_REQUIRES(c, in.dim_size(0) == expected,
+                  absl::InvalidArgumentError(
+                      name() + ": tensor " + std::to_string(i) + " was counted with " +
+                      std::to_string(expected) +
+                      (place ? " rows on rank " + std::to_string(rank_) : " rows over all ranks") +
+                      ", got " + std::to_string(in.dim_size(0))));
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(c, c->allocate_output(i, WithRows(in, place ? totals[i] : mine[i]), &out));
+      char* to = const_cast<char*>(out->tensor_data().data());
+      const char* from = in.tensor_data().data();
+      const int64_t at = offsets[i] * RowBytes(in);
+      if (place) {
+        // All-zero bytes are zero for every numeric dtype and false for bool.
+        std::memset(to, 0, out->TotalBytes());
+        if (in.TotalBytes() > 0) std::memcpy(to + at, from, in.TotalBytes());
+      } else if (out->TotalBytes() > 0) {
+        std::memcpy(to, from + at, out->TotalBytes());
+      }
+    }
+  }
+
+ private:
+  // Rows of each tensor before rank_ (offsets), of rank_ (mine) and in all.
+  absl::Status ReadCounts(const Tensor& counts, int tensors, std::vector<int64_t>* offsets,
+                          std::vector<int64_t>* mine, std::vector<int64_t>* totals) const {
+    if (counts.dims() != 2 || counts.dim_size(1) != tensors || counts.dim_size(0) <= rank_) {
+      return absl::InvalidArgumentError(
+          name() + ": expected counts of shape [ranks > " + std::to_string(rank_) + ", " +
+          std::to_string(tensors) + "] (rows of each tensor on each rank), got " +
+          counts.shape().DebugString());
+    }
+    const auto m = counts.matrix<int64_t>();
+    offsets->assign(tensors, 0);
+    mine->assign(tensors, 0);
+    totals->assign(tensors, 0);
+    for (int64_t r = 0; r < counts.dim_size(0); ++r) {
+      for (int i = 0; i < tensors; ++i) {
+        if (m(r, i) < 0) {
+          return absl::InvalidArgumentError(
+              name() + ": expected non-negative row counts, got " + std::to_string(m(r, i)) +
+              " for rank " + std::to_string(r) + ", tensor " + std::to_string(i));
+        }
+        if (m(r, i) > std::numeric_limits<int64_t>::max() - (*totals)[i]) {
+          return absl::InvalidArgumentError(name() + ": row counts of tensor " +
+                                            std::to_string(i) + " overflow int64");
+        }
+        if (r < rank_) (*offsets)[i] += m(r, i);
+        if (r == rank_) (*mine)[i] = m(r, i);
+        (*totals)[i] += m(r, i);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const Direction direction_;
+  int rank_ = 0;
+};
+
+class SmbPlaceRowsOp : public MoveRowsOp {
+ public:
+  explicit SmbPlaceRowsOp(OpKernelConstruction* c) : MoveRowsOp(c, kPlace) {}
+};
+
+class SmbTakeRowsOp : public MoveRowsOp {
+ public:
+  explicit SmbTakeRowsOp(OpKernelConstruction* c) : MoveRowsOp(c, kTake) {}
+};
+
+// The rows rank `rank` receives in an all-to-all (matrix[r, j]: rows from r to j).
+class SmbReceivedRowsOp : public OpKernel {
+ public:
+  explicit SmbReceivedRowsOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("rank", &rank_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& total = c->input(0);
+    const Tensor& matrix = c->input(1);
+    OP_REQUIRES_OK(c, CheckRowsCopyable(name(), 0, total));
+    OP_REQUIRES(c, matrix.dims() == 2 && matrix.dim_size(0) == matrix.dim_size(1) &&
+                       matrix.dim_size(0) > rank_,
+                absl::InvalidArgumentError(
+                    name() + ": expected a square matrix of rows from rank to rank, of more "
+                    "than " + std::to_string(rank_) + " ranks, got " +
+                    matrix.shape().DebugString()));
+    const auto m = matrix.matrix<int64_t>();
+    const int64_t ranks = matrix.dim_size(0);
+    // Where each sender's block for `rank_` starts in `total`, and how long it is.
+    std::vector<int64_t> starts(ranks), lengths(ranks);
+    int64_t at = 0, received = 0;
+    for (int64_t r = 0; r < ranks; ++r) {
+      for (int64_t j = 0; j < ranks; ++j) {
+        OP_REQUIRES(c, m(r, j) >= 0 && m(r, j) <= total.dim_size(0) - at,
+                    absl::InvalidArgumentError(
+                        name() + ": expected non-negative row counts summing to the " +
+                        std::to_string(total.dim_size(0)) + " rows sent, got " +
+                        std::to_string(m(r, j)) + " from rank " + std::to_string(r) +
+                        " to rank " + std::to_string(j) + " after " + std::to_string(at)));
+        if (j == rank_) {
+          starts[r] = at;
+          lengths[r] = m(r, j);
+          received += m(r, j);
+        }
+        at += m(r, j);
+      }
+    }
+    OP_REQUIRES(c, at == total.dim_size(0),
+                absl::InvalidArgumentError(
+                    name() + ": the matrix counts " + std::to_string(at) +
+                    " rows sent, got " + std::to_string(total.dim_size(0))));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, WithRows(total, received), &out));
+    const int64_t row_bytes = RowBytes(total);
+    char* to = const_cast<char*>(out->tensor_data().data());
+    const char* from = total.tensor_data().data();
+    for (int64_t r = 0; r < ranks; ++r) {
+      if (lengths[r] == 0) continue;
+      std::memcpy(to, from + starts[r] * row_bytes, lengths[r] * row_bytes);
+      to += lengths[r] * row_bytes;
+    }
+  }
+ private:
+  int rank_ = 0;
+};
+
 REGISTER_KERNEL_BUILDER(Name("SmbInit").Device(DEVICE_CPU), SmbInitOp);
 REGISTER_KERNEL_BUILDER(Name("SmbReplicaSum").Device(DEVICE_CPU), SmbReplicaSumOp);
 REGISTER_KERNEL_BUILDER(Name("SmbServerPush").Device(DEVICE_CPU), SmbServerPushOp);
@@ -1168,6 +1344,9 @@ REGISTER_KERNEL_BUILDER(Name("SmbBroadcast").Device(DEVICE_CPU), SmbBroadcastOp)
 REGISTER_KERNEL_BUILDER(Name("SmbBarrier").Device(DEVICE_CPU), SmbBarrierOp);
 REGISTER_KERNEL_BUILDER(Name("SmbJoin").Device(DEVICE_CPU), SmbJoinOp);
 REGISTER_KERNEL_BUILDER(Name("SmbCloseProcessSet").Device(DEVICE_CPU), SmbCloseProcessSetOp);
+REGISTER_KERNEL_BUILDER(Name("SmbPlaceRows").Device(DEVICE_CPU), SmbPlaceRowsOp);
+REGISTER_KERNEL_BUILDER(Name("SmbTakeRows").Device(DEVICE_CPU), SmbTakeRowsOp);
+REGISTER_KERNEL_BUILDER(Name("SmbReceivedRows").Device(DEVICE_CPU), SmbReceivedRowsOp);
 
 }  // namespace
 }  // namespace tensorflow

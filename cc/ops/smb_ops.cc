@@ -19,6 +19,19 @@ Status FirstReplicaShapes(shape_inference::InferenceContext* c) {
   return OkStatus();
 }
 
+// Output i has input i's shape, with any number of rows (first dimension).
+Status AnyRowsShapes(shape_inference::InferenceContext* c) {
+  shape_inference::ShapeHandle counts;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(c->num_inputs() - 1), 2, &counts));
+  for (int i = 0; i < c->num_outputs(); ++i) {
+    shape_inference::ShapeHandle in, out;
+    TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(i), 1, &in));
+    TF_RETURN_IF_ERROR(c->ReplaceDim(in, 0, c->UnknownDim(), &out));
+    c->set_output(i, out);
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("SmbReplicaSum")
@@ -144,6 +157,45 @@ REGISTER_OP("SmbBroadcast")
     .SetIsStateful()
     .SetShapeFn(SameShapesAsInputs)
     .Doc("Every rank receives rank `root`'s tensors (`agreement`: as SmbAllReduce's).");
+
+// Gathering on the box's sum (tf_smb.horovod's allgather and alltoall): each
+// rank places its rows of tensor i, at its own offset, in zeros; the sum over
+// ranks then holds every rank's rows in rank order. counts[r, i] is rank r's
+// number of rows (first dimension) of tensor i.
+REGISTER_OP("SmbPlaceRows")
+    .Input("tensors: T")
+    .Input("counts: int64")
+    .Output("placed: T")
+    .Attr("T: list(type) >= 1")
+    .Attr("rank: int >= 0")
+    .SetShapeFn(AnyRowsShapes)
+    .Doc(R"doc(
+placed[i] has sum(counts[:, i]) rows: zeros, with tensors[i] (counts[rank, i]
+rows) from row sum(counts[:rank, i]).
+)doc");
+
+REGISTER_OP("SmbTakeRows")
+    .Input("tensors: T")
+    .Input("counts: int64")
+    .Output("rows: T")
+    .Attr("T: list(type) >= 1")
+    .Attr("rank: int >= 0")
+    .SetShapeFn(AnyRowsShapes)
+    .Doc("SmbPlaceRows' inverse: rank `rank`'s rows of each tensor (sum(counts[:, i]) rows).");
+
+REGISTER_OP("SmbReceivedRows")
+    .Input("total: T")
+    .Input("matrix: int64")
+    .Output("received: T")
+    .Attr("T: type")
+    .Attr("rank: int >= 0")
+    .SetShapeFn(AnyRowsShapes)
+    .Doc(R"doc(
+An all-to-all on the box's sum (tf_smb.horovod's alltoall): matrix[r, j] rows go
+from rank r to rank j, and `total` holds every rank's sent rows in rank order
+(rank r's rows for rank j after its rows for ranks before j). Returns the rows
+rank `rank` receives, in rank order of the senders.
+)doc");
 
 REGISTER_OP("SmbBarrier")
     .Attr("key: string = ''")

@@ -209,41 +209,15 @@ def _factor(value: Any) -> float:
 
 # ---- Gathering on the sum ---------------------------------------------------
 
-def _placed(t: tf.Tensor, offset: tf.Tensor, total: tf.Tensor) -> tf.Tensor:
-    """`t` padded with zero rows to `total` rows, its own rows from `offset`."""
-    rows = tf.shape(t, out_type=tf.int64)[0]
-    pad = tf.stack([offset, total - offset - rows])
-    paddings = tf.concat([tf.reshape(pad, [1, 2]),
-                          tf.zeros([t.shape.rank - 1, 2], tf.int64)], 0)
-    return tf.pad(t, paddings)
-
-
 def _gather_on_sum(tensors: Sequence[tf.Tensor], counts: tf.Tensor,
                    agreed: str = "") -> List[tf.Tensor]:
     """Concatenates each tensor over ranks along dimension 0; `counts[r, i]` is
-    rank r's first dimension of tensor i. Each tensor goes as a matrix [rows,
-    rest] padded with zero rows around its own; the paddings of all tensors are
-    computed together (few graph nodes: graph-mode runs pay for every node)."""
-    me = _this_rank()
-    before = tf.reduce_sum(counts[:me], axis=0)
-    after = tf.reduce_sum(counts[me + 1:], axis=0)
-    zero = tf.zeros_like(before)
-    paddings = tf.unstack(tf.reshape(tf.stack([before, after, zero, zero], axis=1),
-                                     [len(tensors), 2, 2]), num=len(tensors))
-    placed, restores = [], []
-    for i, (t, pad) in enumerate(zip(tensors, paddings)):
-        t, dtype = _summable("allgather", t)
-        rest = t.shape[1:]
-        if rest.is_fully_defined() and rest.num_elements() > 0:
-            matrix, out_shape = [-1, rest.num_elements()], [-1, *rest.as_list()]
-        else:  # dynamic or empty rows: -1 cannot be inferred from 0 elements
-            shape = tf.shape(t, out_type=tf.int64)
-            matrix = tf.stack([shape[0], tf.reduce_prod(shape[1:])])
-            out_shape = tf.concat([[tf.reduce_sum(counts[:, i])], shape[1:]], 0)
-        placed.append(tf.pad(tf.reshape(t, matrix), pad))
-        restores.append((out_shape, dtype))
-    return [_restore(tf.reshape(s, shape), dtype)
-            for s, (shape, dtype) in zip(_allreduce(placed, agreed), restores)]
+    rank r's first dimension of tensor i. Each rank places its rows in zeros
+    at its own offset (one SmbPlaceRows node for all tensors: graph-mode runs
+    pay for every node) and the box sums the placed tensors."""
+    summable = [_summable("allgather", t) for t in tensors]
+    placed = smb_ops.place_rows([t for t, _ in summable], counts, _this_rank())
+    return [_restore(s, dtype) for s, (_, dtype) in zip(_allreduce(placed, agreed), summable)]
 
 
 def _first_dims(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -280,10 +254,8 @@ def grouped_allgather(tensors: Sequence[Any]) -> List[tf.Tensor]:
 
         def grad(*dys):
             with within(forward_scope):
-                me = _this_rank()
                 averaged = _average_sum([tf.cast(dy, x.dtype) for dy, x in zip(dys, xs)])
-                return [a[tf.reduce_sum(counts[:me, i]):tf.reduce_sum(counts[:me + 1, i])]
-                        for i, a in enumerate(averaged)]
+                return smb_ops.take_rows(averaged, counts, _this_rank())
         return out, grad
     out = gathered(*tensors)
     return list(out) if isinstance(out, (list, tuple)) else [out]
@@ -376,15 +348,13 @@ def broadcast(tensor: Any, root_rank: int) -> tf.Tensor:
 # ---- Alltoall ---------------------------------------------------------------
 
 def _alltoall_on_sum(x: tf.Tensor, matrix: tf.Tensor, agreed: str = "") -> tf.Tensor:
-    """What this rank receives: matrix[r, j] rows go from rank r to rank j."""
-    me = _this_rank()
-    sent = tf.reduce_sum(matrix, axis=1)
-    start_of = tf.cumsum(sent, exclusive=True)
+    """What this rank receives: matrix[r, j] rows go from rank r to rank j.
+    Every rank places its rows at its offset among all sent rows, the box sums
+    them, and each rank takes the blocks sent to it."""
     x, dtype = _summable("alltoall", x)
-    total = _allreduce([_placed(x, start_of[me], tf.reduce_sum(sent))], agreed)[0]
-    starts = start_of + tf.reduce_sum(matrix[:, :me], axis=1)
-    rows = tf.ragged.range(starts, starts + matrix[:, me]).flat_values
-    return _restore(tf.gather(total, rows), dtype)
+    sent = tf.reduce_sum(matrix, axis=1, keepdims=True)
+    total = _allreduce(smb_ops.place_rows([x], sent, _this_rank()), agreed)[0]
+    return _restore(smb_ops.received_rows(total, matrix, _this_rank()), dtype)
 
 
 def alltoall(tensor: Any, splits: Any = None) -> Tuple[tf.Tensor, tf.Tensor]:
@@ -393,14 +363,14 @@ def alltoall(tensor: Any, splits: Any = None) -> Tuple[tf.Tensor, tf.Tensor]:
     tensor = tf.convert_to_tensor(tensor)
     world = _world()
     _check_gatherable("alltoall", [tensor])
-    rows = tf.shape(tensor, out_type=tf.int64)[0]
     if splits is None:
         static_rows = tensor.shape[0]
         if static_rows is not None and static_rows % world:
             raise tf.errors.InvalidArgumentError(
                 None, None, f"hvd.alltoall: without splits the first dimension must divide "
                 f"by the number of ranks ({world}); got {static_rows}")
-        splits = tf.fill([world], rows // world)
+        splits = (np.full([world], static_rows // world, np.int64) if static_rows is not None
+                  else tf.fill([world], tf.shape(tensor, out_type=tf.int64)[0] // world))
     splits = tf.cast(tf.convert_to_tensor(splits), tf.int64)
     static_splits = tf.get_static_value(splits)
     if splits.shape.rank != 1 or (splits.shape[0] is not None and splits.shape[0] != world):
@@ -432,14 +402,17 @@ def alltoall(tensor: Any, splits: Any = None) -> Tuple[tf.Tensor, tf.Tensor]:
 
 # ---- Reducescatter ----------------------------------------------------------
 
-def _my_rows(total_rows: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-    """Horovod's split of `total_rows` over ranks: the first (rows % size)
-    ranks get one row more."""
-    me, world = _this_rank(), _world()
-    base, extra = total_rows // world, total_rows % world
-    start = me * base + tf.minimum(tf.cast(me, tf.int64), extra)
-    count = base + tf.cast(me < extra, tf.int64)
-    return start, count
+def _shares(tensors: Sequence[tf.Tensor]) -> Any:
+    """Horovod's split of each tensor's rows over ranks, as place_rows' counts
+    ([ranks, tensors]): the first (rows % size) ranks get one row more."""
+    world = _world()
+    dims = [t.shape[0] for t in tensors]
+    if all(d is not None for d in dims):  # one constant node
+        rows = np.array(dims, np.int64)[np.newaxis]
+        return rows // world + (np.arange(world)[:, np.newaxis] < rows % world)
+    rows = _first_dims(tensors)[tf.newaxis]
+    return rows // world + tf.cast(tf.range(world, dtype=tf.int64)[:, tf.newaxis]
+                                   < rows % world, tf.int64)
 
 
 def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, prescale: Any = 1.0,
@@ -465,11 +438,9 @@ def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, prescale: A
     divisor = world if op == Average else 1
 
     def forward(xs: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-        out = []
-        for s in _allreduce([_scale(x, prescale) for x in xs], agreed):
-            start, count = _my_rows(tf.shape(s, out_type=tf.int64)[0])
-            out.append(_scale(s[start:start + count], postscale, divisor))
-        return out
+        sums = _allreduce([_scale(x, prescale) for x in xs], agreed)
+        return [_scale(mine, postscale, divisor)
+                for mine in smb_ops.take_rows(sums, _shares(xs), _this_rank())]
 
     forward_scope = scope()
 
