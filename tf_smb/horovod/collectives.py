@@ -266,17 +266,15 @@ def _average_sum(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
 
 
 def _reduce_by_gather(tensors: Sequence[tf.Tensor], op: int, agreed: str) -> List[tf.Tensor]:
-    """Min, Max or Product: every rank's tensor stacked, reduced here."""
-    me, world = _this_rank(), _world()
-    stacked = []
-    for t in tensors:
-        t, dtype = _summable("allreduce", t)
-        placed = tf.scatter_nd(tf.constant([[me]], tf.int64), t[tf.newaxis], tf.concat(
-            [[world], tf.shape(t, out_type=tf.int64)], 0))
-        stacked.append((placed, dtype))
-    sums = _allreduce([s for s, _ in stacked], agreed)
+    """Min, Max or Product: every rank's tensor stacked (each placed as one row),
+    reduced here."""
+    summable = [_summable("allreduce", t) for t in tensors]
+    one_row_each = np.ones([_world(), len(tensors)], np.int64)
+    placed = smb_ops.place_rows([tf.expand_dims(t, 0) for t, _ in summable], one_row_each,
+                                _this_rank())
     reduce = {Min: tf.reduce_min, Max: tf.reduce_max, Product: tf.reduce_prod}[op]
-    return [_restore(reduce(s, axis=0), d) for s, (_, d) in zip(sums, stacked)]
+    return [_restore(reduce(s, axis=0), dtype)
+            for s, (_, dtype) in zip(_allreduce(placed, agreed), summable)]
 
 
 # ---- Allreduce --------------------------------------------------------------
