@@ -11,7 +11,6 @@ the pytest-xdist workers that run test_sanitizers.py and test_timeline.py share 
 file and links.
 """
 import concurrent.futures
-import fcntl
 import hashlib
 import os
 import shutil
@@ -96,8 +95,7 @@ def core_objects(sanitizer: str) -> List[str]:
             return _objects[sanitizer]
         folder = os.path.join(_cache(), f"core_{sanitizer}-{_key('core', sanitizer, ['smb'])}")
         names = [os.path.relpath(s, REPO).replace(os.sep, "_") + ".o" for s in CORE_SOURCES]
-        with open(folder + ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building them
+        with op_library.locked(folder + ".lock"):  # another process may be building them
             if not os.path.isdir(folder):
                 partial = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".",
                                            dir=os.path.dirname(folder))

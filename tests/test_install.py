@@ -14,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import time
 import types
 from typing import Dict, List, Optional
 
@@ -68,6 +69,10 @@ args = sys.argv[1:]
 step = "link" if "-shared" in args else "compile"
 with open(os.environ["FAKE_CXX_LOG"], "a") as log:
     log.write(step + "\\n")
+if step == "compile":  # which source, and whether with MPI's flags
+    with open(os.environ["FAKE_CXX_LOG"] + ".sources", "a") as log:
+        mpi = "+mpi" if "-DTF_SMB_WITH_MPI" in args else ""
+        log.write(args[args.index("-c") + 1] + mpi + "\\n")
 if os.environ.get("FAKE_CXX_FAIL"):
     print("fake-cxx: error: boom in " + args[-3])
     sys.exit(1)
@@ -135,6 +140,51 @@ def test_cache_key_follows_sources_and_tensorflow(fake_build):
     other_tf = op_library.cached_library(fake_build.root, fake_tf("9.9.9"))
     assert len({first, changed, other_tf}) == 3
     assert _steps(fake_build.log).count("link") == 3
+
+
+def test_builds_reuse_unchanged_objects_and_give_mpi_flags_to_its_sources_only(
+        fake_build, monkeypatch):
+    root = fake_build.root
+    sources = fake_build.log.parent / "cxx.log.sources"
+    with open(os.path.join(root, "cc", "smb", "a.cc"), "w") as f:
+        f.write('#include "cc/smb/a.h"\n')
+    with open(os.path.join(root, "cc", "kernels", "a.cc"), "w") as f:
+        f.write("#ifdef TF_SMB_WITH_MPI\n#endif\n")
+    with open(os.path.join(root, "cc", "ops", "a.cc"), "w") as f:
+        f.write('#include "tensorflow/core/framework/op.h"\n')
+
+    def build(name: str) -> List[str]:
+        """The sources compiled for one library (the build record left out)."""
+        sources.write_text("")
+        op_library.compile_library(root, str(fake_build.cache / name), fake_tf())
+        assert os.path.isfile(fake_build.cache / name)
+        return sorted(s for s in sources.read_text().split() if "build_record" not in s)
+
+    monkeypatch.setattr(op_library, "mpi_flags", lambda: (["-DTF_SMB_WITH_MPI"], ["-lmpi"]))
+    assert build("first.so") == ["cc/kernels/a.cc+mpi", "cc/ops/a.cc", "cc/smb/a.cc"]
+    assert build("again.so") == [], "compiled unchanged sources again"
+    # A header changed: only the source that includes it.
+    with open(os.path.join(root, "cc", "smb", "a.h"), "a") as f:
+        f.write("// changed\n")
+    assert build("header.so") == ["cc/smb/a.cc"]
+    # Without MPI: only the source that tests TF_SMB_WITH_MPI.
+    monkeypatch.setattr(op_library, "mpi_flags", lambda: ([], []))
+    assert build("no_mpi.so") == ["cc/kernels/a.cc"]
+    # Another TensorFlow (other headers behind the same flags): only the source that
+    # includes TensorFlow's headers; the others' objects serve every TensorFlow.
+    sources.write_text("")
+    op_library.compile_library(root, str(fake_build.cache / "other.so"), fake_tf("9.9.9"))
+    assert [s for s in sources.read_text().split() if "build_record" not in s] == [
+        "cc/ops/a.cc"]
+    # The objects are kept, without partial files; the record is not.
+    names = os.listdir(fake_build.cache / "objects")
+    assert all(n.endswith(".o") for n in names) and len(names) == 3 + 1 + 1 + 1, names
+    # Objects unused for OBJECT_CACHE_DAYS go at the next build.
+    old = time.time() - (op_library.OBJECT_CACHE_DAYS + 1) * 86400
+    for n in names:
+        os.utime(fake_build.cache / "objects" / n, (old, old))
+    build("prune.so")
+    assert len(os.listdir(fake_build.cache / "objects")) == 3, "old objects were kept"
 
 
 def test_concurrent_first_loads_compile_once(fake_build, tmp_path):

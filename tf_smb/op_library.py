@@ -13,7 +13,10 @@ so `load()` takes, in order:
    sources and the compile flags);
 3. otherwise it compiles the library into the cache (once: concurrent
    processes wait on a file lock) with ``$CXX`` (default ``g++``) and the
-   flags of ``tf.sysconfig``, which takes about a minute.
+   flags of ``tf.sysconfig``, which takes about a minute; objects compiled
+   earlier are reused from ``$TF_SMB_CACHE/objects`` (each kept under a key of
+   its source, the headers it includes, the compiler and the flags), so a build
+   after an edit compiles only what the edit touched.
 
 ``TF_SMB_COMPILE=0`` turns step 3 into an error, for machines that must not
 compile. The C++ sources ship inside the package (``tf_smb/_src/cc``); in a
@@ -32,12 +35,14 @@ import hashlib
 import re
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Set, Tuple
 
 # Directories under the include root whose sources make up the op library.
 SOURCE_DIRS = ("cc/smb", "cc/ops", "cc/kernels")
@@ -49,6 +54,10 @@ LIBRARY_NAME = "_smb_ops.so"
 # Flags added to tf.sysconfig's (the same for install-time and on-import builds).
 EXTRA_COMPILE_FLAGS = ("-O3", "-DNDEBUG", "-fPIC", "-Wno-deprecated-declarations")
 EXTRA_LINK_FLAGS = ("-lpthread", "-lrt")
+# Object files unused for this many days are removed from the object cache.
+OBJECT_CACHE_DAYS = 7
+MPI_MACRO = b"TF_SMB_WITH_MPI"
+_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
 # Seconds one compiler or linker run may take.
 COMPILE_TIMEOUT_S = 1800.0
 # How much of the compiler's output an error shows.
@@ -134,10 +143,38 @@ def mpi_flags() -> tuple:
     return compile_flags + ["-DTF_SMB_WITH_MPI", "-DOMPI_SKIP_MPICXX=1"], link_flags
 
 
-def _flags(tf: types.ModuleType) -> tuple:
+def _flags(tf: types.ModuleType) -> Tuple[List[str], List[str], List[str]]:
+    """(flags for compiling every source, flags added for the sources of the MPI
+    transport, link flags)."""
     mpi_compile, mpi_link = mpi_flags()
-    return (list(tf.sysconfig.get_compile_flags()) + list(EXTRA_COMPILE_FLAGS) + mpi_compile,
+    return (list(tf.sysconfig.get_compile_flags()) + list(EXTRA_COMPILE_FLAGS), mpi_compile,
             list(tf.sysconfig.get_link_flags()) + list(EXTRA_LINK_FLAGS) + mpi_link)
+
+
+def _uses_mpi(path: str) -> bool:
+    """Whether a source tests TF_SMB_WITH_MPI, so needs MPI's flags. Only these
+    get them: the other objects are then the same with or without MPI, and a
+    build without MPI reuses them from the object cache."""
+    with open(path, "rb") as f:
+        return MPI_MACRO in f.read()
+
+
+def _includes(root: str, rel: str, seen: Optional[Set[str]] = None,
+              outside: Optional[Set[str]] = None) -> Tuple[Set[str], Set[str]]:
+    """(``rel`` and every header of the include root it includes, at any depth;
+    the quoted includes among them found outside the root, e.g. TensorFlow's)."""
+    seen = set() if seen is None else seen
+    outside = set() if outside is None else outside
+    if rel not in seen:
+        seen.add(rel)
+        with open(os.path.join(root, rel), "rb") as f:
+            for header in _INCLUDE.findall(f.read()):
+                header = header.decode()
+                if os.path.isfile(os.path.join(root, header)):
+                    _includes(root, header, seen, outside)
+                else:
+                    outside.add(header)
+    return seen, outside
 
 
 def cache_root() -> str:
@@ -154,19 +191,19 @@ def cache_dir(root: str, tf: Optional[types.ModuleType] = None) -> str:
     same TensorFlow version share one library.
     """
     tf = tf or _import_tensorflow()
-    compile_flags, link_flags = _flags(tf)
+    compile_flags, mpi_compile, link_flags = _flags(tf)
     h = hashlib.sha256(source_digest(root).encode())
-    for flag in _compiler() + compile_flags + link_flags:
+    for flag in _compiler() + compile_flags + mpi_compile + link_flags:
         if not flag.startswith(("-I", "-L")):
             h.update(flag.encode() + b"\0")
     h.update(sys.platform.encode() + os.uname().machine.encode())
     return os.path.join(cache_root(), "ops", f"{tf.__version__}-{h.hexdigest()[:16]}")
 
 
-def _run_tool(cmd: Sequence[str], what: str) -> None:
+def _run_tool(cmd: Sequence[str], what: str, cwd: Optional[str] = None) -> None:
     try:
         proc = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=COMPILE_TIMEOUT_S, check=False)
+                              timeout=COMPILE_TIMEOUT_S, check=False, cwd=cwd)
     except FileNotFoundError as e:
         raise OpLibraryError(
             f"tf_smb: cannot run the C++ compiler {cmd[0]!r} ({e}). Compiling the "
@@ -185,45 +222,123 @@ def _run_tool(cmd: Sequence[str], what: str) -> None:
             f"Command: {shlex.join(cmd)}\nCompiler output:\n{output}")
 
 
+def _object_cache(fallback: str) -> str:
+    """``$TF_SMB_CACHE/objects``, where compiled sources are kept for later builds;
+    ``fallback`` (no reuse) when it cannot be written."""
+    directory = os.path.join(cache_root(), "objects")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError:
+        return fallback
+    return directory if os.access(directory, os.W_OK) else fallback
+
+
+def _object_key(root: str, rel: str, compiler: Sequence[str], flags: Sequence[str],
+                tf_version: str) -> str:
+    """Hashes what the object of ``rel`` is made from: the file and the headers of
+    the include root it includes, the compiler (its file) and the flags other than
+    paths; and TensorFlow's version (whose headers the include paths lead to) when
+    it includes headers from outside the root. The core includes none, so its
+    objects serve every TensorFlow."""
+    h = hashlib.sha256()
+    binary = shutil.which(compiler[0]) or compiler[0]
+    try:
+        info = os.stat(binary)
+        h.update(f"{os.path.realpath(binary)}:{info.st_size}:{info.st_mtime_ns}".encode())
+    except OSError:
+        h.update(binary.encode())  # not found: compiling will say so
+    for flag in list(compiler[1:]) + list(flags):
+        if not flag.startswith(("-I", "-L")):
+            h.update(flag.encode() + b"\0")
+    deps, outside = _includes(root, rel)
+    if outside:
+        h.update(b"tensorflow=" + tf_version.encode() + b"\0")
+    for dep in sorted(deps):
+        with open(os.path.join(root, dep), "rb") as f:
+            h.update(dep.encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def _compile_object(command: List[str], cwd: str, obj: str, what: str) -> None:
+    """Runs ``command`` (whose output is ``obj``) into a temporary name, then renames
+    it to ``obj``, so that a concurrent build never links a partial object."""
+    partial = f"{obj}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        _run_tool(command + ["-o", partial], what, cwd=cwd)
+        os.replace(partial, obj)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+
+
+def _prune_objects(directory: str) -> None:
+    """Removes objects (and leftovers of interrupted builds) unused for
+    OBJECT_CACHE_DAYS days."""
+    cutoff = time.time() - OBJECT_CACHE_DAYS * 86400
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            if entry.name.endswith((".o", ".tmp")) and entry.stat().st_mtime < cutoff:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
 def compile_library(root: str, output: str, tf: Optional[types.ModuleType] = None,
                     jobs: Optional[int] = None) -> None:
     """Compiles the sources under ``root`` into the op library ``output``.
 
     One compiler process per source file, ``jobs`` at a time (default: the CPUs
-    this process may use), then one link. The library carries a build record
-    (see `read_build_record`). Writes ``output`` directly; callers that need
-    atomicity pass a temporary name and rename it.
+    this process may use), then one link. Each object is kept in the object cache
+    (`_object_cache`) under a key of what it is made from (`_object_key`), so a
+    later build compiles only the sources whose object changed: a build without
+    MPI compiles the MPI transport alone, and after an edit a build compiles the
+    edited sources and those that include an edited header. The library carries
+    a build record (see `read_build_record`). Writes ``output`` directly; callers
+    that need atomicity pass a temporary name and rename it.
 
     Raises:
       OpLibraryError: the compiler is missing or fails (with its output).
     """
     tf = tf or _import_tensorflow()
-    compile_flags, link_flags = _flags(tf)
+    compile_flags, mpi_compile, link_flags = _flags(tf)
     cxx = _compiler()
-    sources = [os.path.join(root, s) for s in source_files(root) if s.endswith(".cc")]
+    sources = [s for s in source_files(root) if s.endswith(".cc")]
     if not sources:
         raise OpLibraryError(f"tf_smb: no C++ sources under {root}")
     jobs = jobs or max(1, len(os.sched_getaffinity(0)))
     with tempfile.TemporaryDirectory(prefix="tf_smb_ops_build_") as tmp:
+        cache = _object_cache(tmp)
+        objects, builds = [], []
+        for rel in sources:
+            # Sources given relative to the root (the compiler's working directory),
+            # so the objects name no checkout's path (__FILE__) and serve any.
+            flags = compile_flags + (mpi_compile if _uses_mpi(os.path.join(root, rel)) else [])
+            obj = os.path.join(cache, f"{os.path.basename(rel)}-"
+                               f"{_object_key(root, rel, cxx, flags, tf.__version__)}.o")
+            objects.append(obj)
+            if os.path.exists(obj):
+                os.utime(obj)  # used: kept by _prune_objects
+            else:
+                builds.append((cxx + flags + ["-I", root, "-c", rel], root, obj,
+                               f"compiling {os.path.basename(rel)}"))
         record = os.path.join(tmp, "build_record.cc")
         with open(record, "w") as f:
             f.write(_build_record_source(tf.__version__, source_digest(root),
-                                         with_mpi="-DTF_SMB_WITH_MPI" in compile_flags))
-        sources.append(record)
-        objects = [os.path.join(tmp, f"{i}.o") for i in range(len(sources))]
-        commands = [cxx + compile_flags + ["-I", root, "-c", src, "-o", obj]
-                    for src, obj in zip(sources, objects)]
+                                         with_mpi=bool(mpi_compile)))
+        objects.append(os.path.join(tmp, "build_record.o"))
+        builds.append((cxx + compile_flags + ["-c", record], tmp, objects[-1],
+                       "compiling the build record"))
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_run_tool, cmd, f"compiling {os.path.basename(src)}")
-                       for cmd, src in zip(commands, sources)]
+            futures = [pool.submit(_compile_object, *build) for build in builds]
             for future in futures:
                 future.result()  # the first failure, in source order
         _run_tool(cxx + ["-shared", "-o", output] + objects + link_flags,
                   "linking the op library")
+        if cache != tmp:
+            _prune_objects(cache)
 
 
 @contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
+def locked(path: str) -> Iterator[None]:
     """Holds an exclusive fcntl lock on ``path`` (created if missing)."""
     with open(path, "a") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
@@ -264,7 +379,7 @@ def cached_library(root: str, tf: Optional[types.ModuleType] = None) -> str:
         raise OpLibraryError(
             f"tf_smb: cannot create the op library cache {directory} ({e}); "
             "set TF_SMB_CACHE to a writable directory") from e
-    with _locked(os.path.join(directory, ".lock")):
+    with locked(os.path.join(directory, ".lock")):
         if os.path.exists(path):  # another process compiled it while we waited
             return path
         print(f"tf_smb: compiling the TensorFlow op library for TensorFlow "

@@ -324,28 +324,25 @@ def received_rows(total: tf.Tensor, matrix: Any, rank: int) -> tf.Tensor:
     return _library().smb_received_rows(total, tf.cast(matrix, tf.int64), rank=rank)
 
 
-def _nonzero_grads(op, grads) -> List[tf.Tensor]:
-    return [tf.zeros_like(x) if g is None else tf.convert_to_tensor(g)
-            for x, g in zip(op.inputs, grads)]
+def _output_grads(op, grads) -> List[tf.Tensor]:
+    """The gradients of `op`'s outputs, zeros (shaped like the output) where none
+    flows back."""
+    return [tf.zeros_like(y) if g is None else tf.convert_to_tensor(g)
+            for y, g in zip(op.outputs, grads)]
 
 
 @tf.RegisterGradient("SmbAllReduce")
 def _allreduce_grad(op, *grads):
-    return allreduce(_nonzero_grads(op, grads), process_set=op.get_attr("process_set"))
+    return allreduce(_output_grads(op, grads), process_set=op.get_attr("process_set"))
 
 
 @tf.RegisterGradient("SmbBroadcast")
 def _broadcast_grad(op, *grads):
     process_set = op.get_attr("process_set")
-    summed = allreduce(_nonzero_grads(op, grads), process_set=process_set)
+    summed = allreduce(_output_grads(op, grads), process_set=process_set)
     if _rank_in(process_set) == op.get_attr("root"):
         return summed
     return [tf.zeros_like(g) for g in summed]
-
-
-def _output_grads(op, grads) -> List[tf.Tensor]:
-    return [tf.zeros_like(y) if g is None else tf.convert_to_tensor(g)
-            for y, g in zip(op.outputs, grads)]
 
 
 @tf.RegisterGradient("SmbPlaceRows")

@@ -1160,11 +1160,11 @@ REGISTER_KERNEL_BUILDER(Name("SmbWaitAllFinished").Device(DEVICE_CPU), SmbWaitAl
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentHome").Device(DEVICE_CPU), SmbSegmentHomeOp);
 
 // ---- Gathering on the box's sum: SmbPlaceRows, SmbTakeRows, SmbReceivedRows --
-// The local halves of tf_smb.horovod's allgather, reducescatter and alltoall,
-// one kernel each (for a whole list of tensors), so a grouped allgather is a
+// The local halves of tf_smb.horovod's allgather, reducescatter, alltoall and
+// Min/Max/Product (gathered, then reduced locally), one kernel each (for a whole list of tensors), so a grouped allgather is a
 // few graph nodes, not dozens: graph-mode runs pay for every node of a growing
 // graph. (Here, not in a file of their own: each file that includes
-// TensorFlow's headers adds ~10 s of CPU to every build of the op library.)
+// TensorFlow's headers adds ~10 s of CPU to every fresh build of the op library.)
 
 // Bytes of one row (first-dimension slice) of `t`.
 int64_t RowBytes(const Tensor& t) {

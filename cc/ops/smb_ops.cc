@@ -158,9 +158,10 @@ REGISTER_OP("SmbBroadcast")
     .SetShapeFn(SameShapesAsInputs)
     .Doc("Every rank receives rank `root`'s tensors (`agreement`: as SmbAllReduce's).");
 
-// Gathering on the box's sum (tf_smb.horovod's allgather and alltoall): each
-// rank places its rows of tensor i, at its own offset, in zeros; the sum over
-// ranks then holds every rank's rows in rank order. counts[r, i] is rank r's
+// Gathering on the box's sum (tf_smb.horovod's allgather, alltoall and its
+// Min, Max and Product, which gather and then reduce locally): each rank
+// places its rows of tensor i, at its own offset, in zeros; the sum over ranks
+// then holds every rank's rows in rank order. counts[r, i] is rank r's
 // number of rows (first dimension) of tensor i.
 REGISTER_OP("SmbPlaceRows")
     .Input("tensors: T")

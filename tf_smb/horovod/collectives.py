@@ -405,12 +405,14 @@ def _shares(tensors: Sequence[tf.Tensor]) -> Any:
     ([ranks, tensors]): the first (rows % size) ranks get one row more."""
     world = _world()
     dims = [t.shape[0] for t in tensors]
-    if all(d is not None for d in dims):  # one constant node
-        rows = np.array(dims, np.int64)[np.newaxis]
-        return rows // world + (np.arange(world)[:, np.newaxis] < rows % world)
-    rows = _first_dims(tensors)[tf.newaxis]
-    return rows // world + tf.cast(tf.range(world, dtype=tf.int64)[:, tf.newaxis]
-                                   < rows % world, tf.int64)
+    if all(d is not None for d in dims):  # static shapes: numpy, so one constant node
+        rows, ranks = np.array(dims, np.int64), np.arange(world, dtype=np.int64)
+        as_int = lambda more: more.astype(np.int64)  # noqa: E731
+    else:
+        rows, ranks = _first_dims(tensors), tf.range(world, dtype=tf.int64)
+        as_int = lambda more: tf.cast(more, tf.int64)  # noqa: E731
+    rows, ranks = rows[np.newaxis], ranks[:, np.newaxis]
+    return rows // world + as_int(ranks < rows % world)
 
 
 def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, prescale: Any = 1.0,
