@@ -14,6 +14,8 @@ import glob
 import importlib.util
 import os
 import sys
+import sysconfig
+import tempfile
 
 import pybind11
 from setuptools import Extension, find_packages, setup
@@ -23,6 +25,7 @@ from setuptools.command.build_py import build_py
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE_SOURCES = sorted(glob.glob("cc/smb/**/*.cc", recursive=True))
 COMMON_FLAGS = ["-std=c++17", "-O3", "-fvisibility=hidden", "-Wall"]
+BOX_EXTENSION = "tf_smb._box"
 OPS_EXTENSION = "tf_smb._smb_ops"
 
 
@@ -96,6 +99,9 @@ class BuildExt(build_ext):
         super().run()
 
     def build_extension(self, ext):
+        if ext.name == BOX_EXTENSION:
+            self._build_box(ext)
+            return
         if ext.name != OPS_EXTENSION:
             super().build_extension(ext)
             return
@@ -111,12 +117,29 @@ class BuildExt(build_ext):
         os.makedirs(os.path.dirname(output), exist_ok=True)
         op_library.compile_library(HERE, output, tf)
 
+    def _build_box(self, ext):
+        """_box with op_library's object cache: its sources compiled in parallel, and
+        only those whose object the cache lacks (a rebuild after a Python-only
+        change compiles nothing)."""
+        includes = {sysconfig.get_paths()["include"], sysconfig.get_paths()["platinclude"]}
+        flags = COMMON_FLAGS + ["-fPIC"] + [f"-I{d}" for d in
+                                            sorted(includes) + ext.include_dirs]
+        output = os.path.abspath(self.get_ext_fullpath(ext.name))
+        os.makedirs(os.path.dirname(output), exist_ok=True)
+        context = (f"python={sysconfig.get_config_var('SOABI')};"
+                   f"pybind11={pybind11.__version__}")
+        with tempfile.TemporaryDirectory(prefix="tf_smb_box_build_") as tmp:
+            objects = op_library.compile_objects(
+                HERE, [(s, flags) for s in ext.sources], tmp, context=context)
+            op_library.link_library(objects, output, list(op_library.EXTRA_LINK_FLAGS),
+                                    "tf_smb._box")
+
 
 setup(
     packages=find_packages(include=["tf_smb", "tf_smb.*"]),
     ext_modules=[
         Extension(
-            "tf_smb._box",
+            BOX_EXTENSION,
             sources=CORE_SOURCES + ["cc/python/box_module.cc"],
             include_dirs=[".", pybind11.get_include()],
             extra_compile_args=COMMON_FLAGS,

@@ -179,6 +179,16 @@ def test_builds_reuse_unchanged_objects_and_give_mpi_flags_to_its_sources_only(
     # The objects are kept, without partial files; the record is not.
     names = os.listdir(fake_build.cache / "objects")
     assert all(n.endswith(".o") for n in names) and len(names) == 3 + 1 + 1 + 1, names
+    # compile_objects (setup.py builds tf_smb._box with it): a context of its own
+    # (Python's and pybind11's versions there) keys every object.
+    box = [("cc/smb/a.cc", ["-DBOX"])]
+    for context, compiled in (("python=a", 1), ("python=a", 0), ("python=b", 1)):
+        sources.write_text("")
+        [obj] = op_library.compile_objects(root, box, str(fake_build.cache), context=context)
+        assert os.path.isfile(obj) and len(sources.read_text().split()) == compiled, context
+    for n in os.listdir(fake_build.cache / "objects"):
+        if n not in names:
+            os.unlink(fake_build.cache / "objects" / n)
     # Objects unused for OBJECT_CACHE_DAYS go at the next build.
     old = time.time() - (op_library.OBJECT_CACHE_DAYS + 1) * 86400
     for n in names:

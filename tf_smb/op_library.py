@@ -234,13 +234,13 @@ def _object_cache(fallback: str) -> str:
 
 
 def _object_key(root: str, rel: str, compiler: Sequence[str], flags: Sequence[str],
-                tf_version: str) -> str:
+                context: str, outside_context: str) -> str:
     """Hashes what the object of ``rel`` is made from: the file and the headers of
-    the include root it includes, the compiler (its file) and the flags other than
-    paths; and TensorFlow's version (whose headers the include paths lead to) when
-    it includes headers from outside the root. The core includes none, so its
-    objects serve every TensorFlow."""
-    h = hashlib.sha256()
+    the include root it includes, the compiler (its file), the flags other than
+    paths and ``context``; and ``outside_context`` (e.g. TensorFlow's version, whose
+    headers the include paths lead to) when it includes headers from outside the
+    root. The core includes none, so its objects serve every TensorFlow."""
+    h = hashlib.sha256(context.encode() + b"\0")
     binary = shutil.which(compiler[0]) or compiler[0]
     try:
         info = os.stat(binary)
@@ -252,7 +252,7 @@ def _object_key(root: str, rel: str, compiler: Sequence[str], flags: Sequence[st
             h.update(flag.encode() + b"\0")
     deps, outside = _includes(root, rel)
     if outside:
-        h.update(b"tensorflow=" + tf_version.encode() + b"\0")
+        h.update(outside_context.encode() + b"\0")
     for dep in sorted(deps):
         with open(os.path.join(root, dep), "rb") as f:
             h.update(dep.encode() + b"\0" + f.read() + b"\0")
@@ -282,18 +282,56 @@ def _prune_objects(directory: str) -> None:
                     os.unlink(entry.path)
 
 
+def compile_objects(root: str, sources: Sequence[Tuple[str, List[str]]], tmp: str,
+                    context: str = "", outside_context: str = "",
+                    jobs: Optional[int] = None) -> List[str]:
+    """The objects of ``sources`` (each a path under ``root`` and its compile flags),
+    compiled ``jobs`` at a time (default: the CPUs this process may use) where the
+    object cache lacks them; ``tmp`` holds them when the cache cannot be written.
+
+    Each object is kept in the object cache (`_object_cache`) under a key of what
+    it is made from (`_object_key`), so a later build compiles only the sources
+    whose object changed: after an edit, the edited sources and those that
+    include an edited header.
+
+    Raises:
+      OpLibraryError: the compiler is missing or fails (with its output).
+    """
+    cxx = _compiler()
+    cache = _object_cache(tmp)
+    objects, builds = [], []
+    for rel, flags in sources:
+        obj = os.path.join(cache, f"{os.path.basename(rel)}-"
+                           f"{_object_key(root, rel, cxx, flags, context, outside_context)}.o")
+        objects.append(obj)
+        if os.path.exists(obj):
+            os.utime(obj)  # used: kept by _prune_objects
+        else:
+            # Given relative to the root (the compiler's working directory), so the
+            # object names no checkout's path (__FILE__) and serves any.
+            builds.append((cxx + flags + ["-I", root, "-c", rel], root, obj,
+                           f"compiling {os.path.basename(rel)}"))
+    with concurrent.futures.ThreadPoolExecutor(
+            max_workers=jobs or max(1, len(os.sched_getaffinity(0)))) as pool:
+        futures = [pool.submit(_compile_object, *build) for build in builds]
+        for future in futures:
+            future.result()  # the first failure, in source order
+    if cache != tmp:
+        _prune_objects(cache)
+    return objects
+
+
 def compile_library(root: str, output: str, tf: Optional[types.ModuleType] = None,
                     jobs: Optional[int] = None) -> None:
     """Compiles the sources under ``root`` into the op library ``output``.
 
-    One compiler process per source file, ``jobs`` at a time (default: the CPUs
-    this process may use), then one link. Each object is kept in the object cache
-    (`_object_cache`) under a key of what it is made from (`_object_key`), so a
-    later build compiles only the sources whose object changed: a build without
-    MPI compiles the MPI transport alone, and after an edit a build compiles the
-    edited sources and those that include an edited header. The library carries
-    a build record (see `read_build_record`). Writes ``output`` directly; callers
-    that need atomicity pass a temporary name and rename it.
+    One compiler process per source file whose object the object cache lacks
+    (`compile_objects`), then one link. Only the sources that test
+    TF_SMB_WITH_MPI get MPI's flags, so a build without MPI compiles the MPI
+    transport alone; only those that include TensorFlow's headers depend on its
+    version. The library carries a build record (see `read_build_record`).
+    Writes ``output`` directly; callers that need atomicity pass a temporary
+    name and rename it.
 
     Raises:
       OpLibraryError: the compiler is missing or fails (with its output).
@@ -304,37 +342,25 @@ def compile_library(root: str, output: str, tf: Optional[types.ModuleType] = Non
     sources = [s for s in source_files(root) if s.endswith(".cc")]
     if not sources:
         raise OpLibraryError(f"tf_smb: no C++ sources under {root}")
-    jobs = jobs or max(1, len(os.sched_getaffinity(0)))
     with tempfile.TemporaryDirectory(prefix="tf_smb_ops_build_") as tmp:
-        cache = _object_cache(tmp)
-        objects, builds = [], []
-        for rel in sources:
-            # Sources given relative to the root (the compiler's working directory),
-            # so the objects name no checkout's path (__FILE__) and serve any.
-            flags = compile_flags + (mpi_compile if _uses_mpi(os.path.join(root, rel)) else [])
-            obj = os.path.join(cache, f"{os.path.basename(rel)}-"
-                               f"{_object_key(root, rel, cxx, flags, tf.__version__)}.o")
-            objects.append(obj)
-            if os.path.exists(obj):
-                os.utime(obj)  # used: kept by _prune_objects
-            else:
-                builds.append((cxx + flags + ["-I", root, "-c", rel], root, obj,
-                               f"compiling {os.path.basename(rel)}"))
+        objects = compile_objects(
+            root, [(rel, compile_flags + (mpi_compile if _uses_mpi(os.path.join(root, rel))
+                                          else [])) for rel in sources],
+            tmp, outside_context=f"tensorflow={tf.__version__}", jobs=jobs)
         record = os.path.join(tmp, "build_record.cc")
         with open(record, "w") as f:
             f.write(_build_record_source(tf.__version__, source_digest(root),
                                          with_mpi=bool(mpi_compile)))
         objects.append(os.path.join(tmp, "build_record.o"))
-        builds.append((cxx + compile_flags + ["-c", record], tmp, objects[-1],
-                       "compiling the build record"))
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_compile_object, *build) for build in builds]
-            for future in futures:
-                future.result()  # the first failure, in source order
-        _run_tool(cxx + ["-shared", "-o", output] + objects + link_flags,
-                  "linking the op library")
-        if cache != tmp:
-            _prune_objects(cache)
+        _compile_object(cxx + compile_flags + ["-c", record], tmp, objects[-1],
+                        "compiling the build record")
+        link_library(objects, output, link_flags, "the op library")
+
+
+def link_library(objects: Sequence[str], output: str, link_flags: Sequence[str],
+                 what: str) -> None:
+    """Links ``objects`` into the shared library ``output`` (``what``, for errors)."""
+    _run_tool(_compiler() + ["-shared", "-o", output, *objects, *link_flags], f"linking {what}")
 
 
 @contextlib.contextmanager
