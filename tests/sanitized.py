@@ -4,18 +4,16 @@ Each sanitized test binary is kept in ``$TF_SMB_CACHE/sanitized`` (default
 ``~/.cache/tf_smb``) under a key that hashes the compiler's version, the flags and
 every C++ source and header it is built from, so a run whose C++ is unchanged only
 runs it (building the core under a sanitizer takes a minute on two cores). When it
-is built, the core's sources are compiled once per sanitizer, on every CPU at once,
-and kept beside the binaries under a key of their own (compiler, flags, cc/smb), so
-the pytest-xdist workers that run test_sanitizers.py and test_timeline.py share them
-(a file lock makes one wait for the other's build); each test then compiles its own
-file and links.
+is built, the core's objects come from tf_smb's object cache
+(`op_library.compile_objects`: only the sources changed since are compiled, on every
+CPU at once), shared by the pytest-xdist workers that run test_sanitizers.py and
+test_timeline.py (a file lock makes one wait for the other's build); each test then
+compiles its own file and links.
 """
-import concurrent.futures
 import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 from typing import Dict, List, Sequence
 
@@ -48,12 +46,6 @@ def _compiler() -> str:
     return cxx
 
 
-def _compile(cxx: str, flags: Sequence[str], source: str, obj: str) -> None:
-    build = subprocess.run([cxx, *COMMON_FLAGS, *flags, "-I", REPO, "-c",
-                            source, "-o", obj], capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, f"compiling {source}:\n{build.stderr[-5000:]}"
-
-
 def _cache() -> str:
     cache = os.path.join(op_library.cache_root(), "sanitized")
     os.makedirs(cache, exist_ok=True)
@@ -78,33 +70,17 @@ def _key(name: str, sanitizer: str, folders: Sequence[str]) -> str:
     return digest.hexdigest()[:20]
 
 
-def _compile_core(sanitizer: str, objects: Sequence[str]) -> None:
-    """Compiles the core's sources with `sanitizer` into `objects`, on every CPU."""
-    cxx, flags = _compiler(), SANITIZERS[sanitizer][0]
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        for job in [pool.submit(_compile, cxx, flags, s, o)
-                    for s, o in zip(CORE_SOURCES, objects)]:
-            job.result()
-
-
 def core_objects(sanitizer: str) -> List[str]:
-    """The core's object files built with `sanitizer`: from the cache when cc/smb
-    is unchanged, else built (by one process at a time) and put there whole."""
+    """The core's object files built with `sanitizer`, through op_library's object
+    cache: only the sources whose object it lacks are compiled, on every CPU, by
+    one process at a time (the other pytest-xdist worker waits on the lock)."""
     with _lock:
-        if sanitizer in _objects:
-            return _objects[sanitizer]
-        folder = os.path.join(_cache(), f"core_{sanitizer}-{_key('core', sanitizer, ['smb'])}")
-        names = [os.path.relpath(s, REPO).replace(os.sep, "_") + ".o" for s in CORE_SOURCES]
-        with op_library.locked(folder + ".lock"):  # another process may be building them
-            if not os.path.isdir(folder):
-                partial = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".",
-                                           dir=os.path.dirname(folder))
-                try:
-                    _compile_core(sanitizer, [os.path.join(partial, n) for n in names])
-                    os.rename(partial, folder)
-                finally:
-                    shutil.rmtree(partial, ignore_errors=True)
-        _objects[sanitizer] = [os.path.join(folder, n) for n in names]
+        if sanitizer not in _objects:
+            flags = [*COMMON_FLAGS, *SANITIZERS[sanitizer][0]]
+            with op_library.locked(os.path.join(_cache(), f"core_{sanitizer}.lock")):
+                _objects[sanitizer] = op_library.compile_objects(
+                    REPO, [(os.path.relpath(s, REPO), flags) for s in CORE_SOURCES],
+                    _cache())  # (where they go if the object cache is not writable)
         return _objects[sanitizer]
 
 
