@@ -122,7 +122,8 @@ class BuildExt(build_ext):
         only those whose object the cache lacks (a rebuild after a Python-only
         change compiles nothing)."""
         includes = {sysconfig.get_paths()["include"], sysconfig.get_paths()["platinclude"]}
-        flags = COMMON_FLAGS + ["-fPIC"] + [f"-I{d}" for d in
+        # -DNDEBUG as Python's own CFLAGS gave it under setuptools (pybind11 asserts).
+        flags = COMMON_FLAGS + ["-fPIC", "-DNDEBUG"] + [f"-I{d}" for d in
                                             sorted(includes) + ext.include_dirs]
         output = os.path.abspath(self.get_ext_fullpath(ext.name))
         os.makedirs(os.path.dirname(output), exist_ok=True)
