@@ -39,10 +39,11 @@ _objects: Dict[str, List[str]] = {}
 _lock = threading.Lock()
 
 
-def _compiler() -> str:
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.fail("g++ is needed to build the C++ tests (tools/install.sh installs it)")
+def _compiler() -> List[str]:
+    """op_library's compiler (the one that builds the core's objects)."""
+    cxx = op_library.compiler()
+    if shutil.which(cxx[0]) is None:
+        pytest.fail(f"{cxx[0]} is needed to build the C++ tests (tools/install.sh installs g++)")
     return cxx
 
 
@@ -56,7 +57,7 @@ def _key(name: str, sanitizer: str, folders: Sequence[str]) -> str:
     """Hashes what `name` is built from: compiler version, flags, the C++ files
     under cc/`folders`."""
     digest = hashlib.sha256()
-    version = subprocess.run([_compiler(), "--version"], capture_output=True, text=True,
+    version = subprocess.run([*_compiler(), "--version"], capture_output=True, text=True,
                              timeout=60).stdout
     digest.update("\0".join([version, name, *COMMON_FLAGS, *SANITIZERS[sanitizer][0]]).encode())
     for folder in folders:
@@ -93,7 +94,7 @@ def sanitized_binary(test: str, sanitizer: str) -> str:
         return binary
     partial = f"{binary}.{os.getpid()}.{threading.get_ident()}.partial"
     build = subprocess.run(
-        [_compiler(), *COMMON_FLAGS, *SANITIZERS[sanitizer][0], "-I", REPO,
+        [*_compiler(), *COMMON_FLAGS, *SANITIZERS[sanitizer][0], "-I", REPO,
          os.path.join(REPO, "cc", "tests", f"{test}.cc"), *core_objects(sanitizer),
          "-lpthread", "-lrt", "-o", partial],
         capture_output=True, text=True, timeout=600)

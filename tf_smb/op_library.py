@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 import types
-from typing import Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 # Directories under the include root whose sources make up the op library.
 SOURCE_DIRS = ("cc/smb", "cc/ops", "cc/kernels")
@@ -120,7 +120,8 @@ def source_digest(root: str) -> str:
     return h.hexdigest()
 
 
-def _compiler() -> List[str]:
+def compiler() -> List[str]:
+    """The C++ compiler command: ``$CXX`` (split as a shell would) or ``g++``."""
     return shlex.split(os.environ.get("CXX") or "g++")
 
 
@@ -159,22 +160,22 @@ def _uses_mpi(path: str) -> bool:
         return MPI_MACRO in f.read()
 
 
-def _includes(root: str, rel: str, seen: Optional[Set[str]] = None,
-              outside: Optional[Set[str]] = None) -> Tuple[Set[str], Set[str]]:
-    """(``rel`` and every header of the include root it includes, at any depth;
-    the quoted includes among them found outside the root, e.g. TensorFlow's)."""
-    seen = set() if seen is None else seen
+def _includes(root: str, rel: str, found: Optional[Dict[str, bytes]] = None,
+              outside: Optional[Set[str]] = None) -> Tuple[Dict[str, bytes], Set[str]]:
+    """({``rel`` and every header of the include root it includes, at any depth:
+    its bytes}, the quoted includes found outside the root, e.g. TensorFlow's)."""
+    found = {} if found is None else found
     outside = set() if outside is None else outside
-    if rel not in seen:
-        seen.add(rel)
+    if rel not in found:
         with open(os.path.join(root, rel), "rb") as f:
-            for header in _INCLUDE.findall(f.read()):
-                header = header.decode()
-                if os.path.isfile(os.path.join(root, header)):
-                    _includes(root, header, seen, outside)
-                else:
-                    outside.add(header)
-    return seen, outside
+            found[rel] = f.read()
+        for header in _INCLUDE.findall(found[rel]):
+            header = header.decode()
+            if os.path.isfile(os.path.join(root, header)):
+                _includes(root, header, found, outside)
+            else:
+                outside.add(header)
+    return found, outside
 
 
 def cache_root() -> str:
@@ -193,7 +194,7 @@ def cache_dir(root: str, tf: Optional[types.ModuleType] = None) -> str:
     tf = tf or _import_tensorflow()
     compile_flags, mpi_compile, link_flags = _flags(tf)
     h = hashlib.sha256(source_digest(root).encode())
-    for flag in _compiler() + compile_flags + mpi_compile + link_flags:
+    for flag in compiler() + compile_flags + mpi_compile + link_flags:
         if not flag.startswith(("-I", "-L")):
             h.update(flag.encode() + b"\0")
     h.update(sys.platform.encode() + os.uname().machine.encode())
@@ -233,29 +234,34 @@ def _object_cache(fallback: str) -> str:
     return directory if os.access(directory, os.W_OK) else fallback
 
 
-def _object_key(root: str, rel: str, compiler: Sequence[str], flags: Sequence[str],
-                context: str, outside_context: str) -> str:
-    """Hashes what the object of ``rel`` is made from: the file and the headers of
-    the include root it includes, the compiler (its file), the flags other than
-    paths and ``context``; and ``outside_context`` (e.g. TensorFlow's version, whose
-    headers the include paths lead to) when it includes headers from outside the
-    root. The core includes none, so its objects serve every TensorFlow."""
-    h = hashlib.sha256(context.encode() + b"\0")
+def _compiler_identity(compiler: Sequence[str]) -> str:
+    """The compiler's resolved file, size and mtime, and its arguments: a changed
+    or upgraded compiler gives other objects."""
     binary = shutil.which(compiler[0]) or compiler[0]
     try:
         info = os.stat(binary)
-        h.update(f"{os.path.realpath(binary)}:{info.st_size}:{info.st_mtime_ns}".encode())
+        identity = f"{os.path.realpath(binary)}:{info.st_size}:{info.st_mtime_ns}"
     except OSError:
-        h.update(binary.encode())  # not found: compiling will say so
-    for flag in list(compiler[1:]) + list(flags):
+        identity = binary  # not found: compiling will say so
+    return "\0".join([identity, *compiler[1:]])
+
+
+def _object_key(root: str, rel: str, compiler_identity: str, flags: Sequence[str],
+                context: str, outside_context: str) -> str:
+    """Hashes what the object of ``rel`` is made from: the file and the headers of
+    the include root it includes, the compiler (`_compiler_identity`), the flags
+    other than paths and ``context``; and ``outside_context`` (e.g. TensorFlow's
+    version, whose headers the include paths lead to) when it includes headers from
+    outside the root. The core includes none, so its objects serve every TensorFlow."""
+    h = hashlib.sha256(context.encode() + b"\0" + compiler_identity.encode() + b"\0")
+    for flag in flags:
         if not flag.startswith(("-I", "-L")):
             h.update(flag.encode() + b"\0")
     deps, outside = _includes(root, rel)
     if outside:
         h.update(outside_context.encode() + b"\0")
     for dep in sorted(deps):
-        with open(os.path.join(root, dep), "rb") as f:
-            h.update(dep.encode() + b"\0" + f.read() + b"\0")
+        h.update(dep.encode() + b"\0" + deps[dep] + b"\0")
     return h.hexdigest()[:20]
 
 
@@ -297,12 +303,13 @@ def compile_objects(root: str, sources: Sequence[Tuple[str, List[str]]], tmp: st
     Raises:
       OpLibraryError: the compiler is missing or fails (with its output).
     """
-    cxx = _compiler()
+    cxx = compiler()
+    identity = _compiler_identity(cxx)
     cache = _object_cache(tmp)
     objects, builds = [], []
     for rel, flags in sources:
-        obj = os.path.join(cache, f"{os.path.basename(rel)}-"
-                           f"{_object_key(root, rel, cxx, flags, context, outside_context)}.o")
+        key = _object_key(root, rel, identity, flags, context, outside_context)
+        obj = os.path.join(cache, f"{os.path.basename(rel)}-{key}.o")
         objects.append(obj)
         if os.path.exists(obj):
             os.utime(obj)  # used: kept by _prune_objects
@@ -338,7 +345,7 @@ def compile_library(root: str, output: str, tf: Optional[types.ModuleType] = Non
     """
     tf = tf or _import_tensorflow()
     compile_flags, mpi_compile, link_flags = _flags(tf)
-    cxx = _compiler()
+    cxx = compiler()
     sources = [s for s in source_files(root) if s.endswith(".cc")]
     if not sources:
         raise OpLibraryError(f"tf_smb: no C++ sources under {root}")
@@ -360,7 +367,7 @@ def compile_library(root: str, output: str, tf: Optional[types.ModuleType] = Non
 def link_library(objects: Sequence[str], output: str, link_flags: Sequence[str],
                  what: str) -> None:
     """Links ``objects`` into the shared library ``output`` (``what``, for errors)."""
-    _run_tool(_compiler() + ["-shared", "-o", output, *objects, *link_flags], f"linking {what}")
+    _run_tool(compiler() + ["-shared", "-o", output, *objects, *link_flags], f"linking {what}")
 
 
 @contextlib.contextmanager

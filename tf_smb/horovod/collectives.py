@@ -407,12 +407,10 @@ def _shares(tensors: Sequence[tf.Tensor]) -> Any:
     dims = [t.shape[0] for t in tensors]
     if all(d is not None for d in dims):  # static shapes: numpy, so one constant node
         rows, ranks = np.array(dims, np.int64), np.arange(world, dtype=np.int64)
-        as_int = lambda more: more.astype(np.int64)  # noqa: E731
     else:
         rows, ranks = _first_dims(tensors), tf.range(world, dtype=tf.int64)
-        as_int = lambda more: tf.cast(more, tf.int64)  # noqa: E731
-    rows, ranks = rows[np.newaxis], ranks[:, np.newaxis]
-    return rows // world + as_int(ranks < rows % world)
+    # rows // world, plus one for the first (rows % world) ranks, in integers only.
+    return (rows[np.newaxis] + (world - 1) - ranks[:, np.newaxis]) // world
 
 
 def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, prescale: Any = 1.0,
