@@ -49,6 +49,7 @@ std::vector<char> Words(const std::vector<uint64_t>& words) {
 
 constexpr double kWaitSliceS = 0.02;  // how often waiters look at the job's failure
 constexpr double kFailedFinalizeWaitS = 60;  // exit's wait for the thread after a failure
+constexpr double kFailedSettleS = 5;  // a failed job's wait for operations in flight
 
 // One collective a caller waits for, started and completed on the thread.
 struct Op : LinkOp {
@@ -324,6 +325,7 @@ void TransportLink::Work(const LinkOptions& options) {
   // 24 ms at 50 us.)
   constexpr double kIdleSleepS = 1e-3, kInFlightSleepS = 50e-6;
   double idle_s = 0;
+  double failed_stop_s = -1;  // when the loop, stopping, first saw the job failed
   for (;;) {
     ++passes_;
     bool busy = false;
@@ -436,7 +438,19 @@ void TransportLink::Work(const LinkOptions& options) {
       // Sends to lost ranks never complete: they do not hold the exit.
       const bool sent = std::all_of(sends_.begin(), sends_.end(),
                                     [&](const Sending& s) { return Lost(s.to); });
-      if (failed || (others_left && active_.empty() && sent)) break;
+      if (failed) {
+        // The other ranks failed too and started the same cross-node operations
+        // (or none): let those in flight complete, briefly, so that this rank can
+        // finish the transport as they do (a rank that exits unfinished is a failed
+        // job to mpirun, though every rank reported the failure).
+        if (failed_stop_s < 0) failed_stop_s = MonotonicSeconds();
+        if (active_.empty() || peers_lost_ ||
+            MonotonicSeconds() - failed_stop_s >= kFailedSettleS) {
+          break;
+        }
+      } else if (others_left && active_.empty() && sent) {
+        break;
+      }
     }
     if (busy) {
       idle_s = 0;
@@ -446,8 +460,9 @@ void TransportLink::Work(const LinkOptions& options) {
     const bool in_flight = !active_.empty() || !calls_.empty() || awaiting_ > 0;
     idle_s = std::min(in_flight ? kInFlightSleepS : kIdleSleepS, std::max(2e-5, idle_s * 2));
     work_cv_.wait_for(lock, std::chrono::duration<double>(idle_s), [&] {
-      // Once leaving, a stopping link still sleeps between polls.
-      return !queue_.empty() || offer_pending_ || (stop_ && !sent_leaving_) ||
+      // Once leaving (or settling after a failure), a stopping link still sleeps
+      // between polls.
+      return !queue_.empty() || offer_pending_ || (stop_ && !sent_leaving_ && failure_.ok()) ||
              !failure_to_send_.ok() || !outbox_.empty();
     });
   }
@@ -455,7 +470,14 @@ void TransportLink::Work(const LinkOptions& options) {
   // Every rank finishes the transport (else mpirun calls the job failed),
   // unless an operation is stuck on a peer, or a peer is gone: MPI_Finalize
   // would wait for it forever.
-  if (active_.empty() && !peers_lost_) transport_->Finish();
+  if (active_.empty() && !peers_lost_) {
+    transport_->Finish();
+  } else if (!peers_lost_) {
+    std::fprintf(stderr,
+                 "tf_smb: rank %d (node %d) exits without finishing MPI: %zu cross-node "
+                 "operation(s) still in flight after the job failed\n",
+                 rank_, node_, active_.size());
+  }
   std::lock_guard<std::mutex> lock(mu_);
   finished_ = true;
   done_cv_.notify_all();
