@@ -48,21 +48,26 @@ class FrozenThread:
         self.alive = True
         _ptrace(PTRACE_SEIZE, self.tid)
         deadline = time.monotonic() + timeout
+        seen = set()  # the system calls it was found in instead
         while True:
             _ptrace(PTRACE_INTERRUPT, self.tid)
             os.waitpid(self.tid, WALL)
-            if self._in_futex():
+            syscall = self._syscall()
+            if syscall == str(SYS_FUTEX):
                 return
+            seen.add(syscall)
             if time.monotonic() > deadline:
                 self.release()
                 raise TimeoutError(f"thread {self.tid} of {pid} ({name}) never slept in a "
-                                   f"futex within {timeout} s")
+                                   f"futex within {timeout} s (found in system calls "
+                                   f"{sorted(seen)})")
             _ptrace(PTRACE_CONT, self.tid)
             time.sleep(0.003)
 
-    def _in_futex(self) -> bool:
+    def _syscall(self) -> str:
+        """The number of the system call the stopped thread is in ("running": none)."""
         with open(f"/proc/{self.pid}/task/{self.tid}/syscall") as f:
-            return f.read().split()[0] == str(SYS_FUTEX)
+            return f.read().split()[0]
 
     def reap(self) -> None:
         """Collects the thread once its process has exited (a traced thread
