@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -85,12 +86,44 @@ class Launch:
 
 class Running:
     """A command started in the nodes (see SimulatedNodes.start). One that owns
-    the nodes (mpirun) has what remains in them killed when it ends."""
+    the nodes (mpirun) has what remains in them killed when it ends.
+
+    With `drain`, threads read its output as it comes (output() shows it so far):
+    a job whose ranks print much (Open MPI's TCP errors after a peer died fill a
+    64 KiB pipe in seconds) never blocks mpirun on a full pipe, which would hold
+    back the ranks' later lines until mpirun is killed and lose them."""
 
     def __init__(self, nodes: "SimulatedNodes", argv: List[str], proc: subprocess.Popen,
-                 owns_nodes: bool):
+                 owns_nodes: bool, drain: bool = False):
         self.nodes, self.argv, self.proc, self.owns_nodes = nodes, argv, proc, owns_nodes
         self.started = time.monotonic()
+        self._read: Optional[Tuple[List[str], List[str]]] = None
+        self._readers: List[threading.Thread] = []
+        if drain:
+            self._read = ([], [])
+            for stream, lines in zip((proc.stdout, proc.stderr), self._read):
+                reader = threading.Thread(target=_read_lines, args=(stream, lines), daemon=True)
+                reader.start()
+                self._readers.append(reader)
+
+    def output(self) -> str:
+        """What a draining command printed so far (stdout, then stderr)."""
+        assert self._read is not None, "output() needs a Running started with drain"
+        return "".join(self._read[0]) + "".join(self._read[1])
+
+    def kill(self) -> Tuple[str, str]:
+        """Kills the command (its whole session) and returns its (stdout, stderr)."""
+        _killpg(self.proc.pid)
+        return self._communicate(30)
+
+    def _communicate(self, timeout: float) -> Tuple[str, str]:
+        if self._read is None:
+            return self.proc.communicate(timeout=timeout)
+        self.proc.wait(timeout=timeout)
+        deadline = time.monotonic() + 30  # what is left in the pipes once it ended
+        for reader in self._readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        return "".join(self._read[0]), "".join(self._read[1])
 
     def wait(self, timeout: float) -> Launch:
         """Waits up to `timeout` s for the command; when it owns the nodes, then
@@ -98,11 +131,10 @@ class Running:
         (with the output) after killing everything in the nodes when the command
         ran too long."""
         try:
-            out, err = self.proc.communicate(timeout=timeout)
+            out, err = self._communicate(timeout)
         except subprocess.TimeoutExpired:
             killed = self.nodes.kill_processes()
-            _killpg(self.proc.pid)
-            out, err = self.proc.communicate(timeout=30)
+            out, err = self.kill()
             raise NodesTimeout(
                 f"{_show(self.argv)} did not finish within {timeout:.0f}s; killed it and "
                 f"{len(killed)} processes in the nodes.\nstdout:\n{out[-6000:]}\n"
@@ -115,6 +147,11 @@ class Running:
             time.sleep(0.1)
         return Launch(self.argv, self.proc.returncode, out, err, seconds,
                       self.nodes.kill_processes())
+
+
+def _read_lines(stream, lines: List[str]) -> None:
+    for line in stream:
+        lines.append(line)
 
 
 class SimulatedNodes:
@@ -316,15 +353,17 @@ class SimulatedNodes:
     # --- running commands ---------------------------------------------------
 
     def start(self, node: int, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
-              cwd: Optional[str] = None, owns_nodes: bool = False) -> Running:
+              cwd: Optional[str] = None, owns_nodes: bool = False,
+              drain: bool = False) -> Running:
         """Starts `argv` inside node `node` (in a session of its own), output
-        captured; env default: harness.base_env(); cwd default: the checkout."""
+        captured (read as it comes with `drain`, see Running); env default:
+        harness.base_env(); cwd default: the checkout."""
         full = ["nsenter", "-t", str(self.holder_pids[node]), "--net", "--mount", "--uts",
                 "--ipc", f"--wd={cwd or harness.REPO}", "--", *argv]
         proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, text=True, start_new_session=True,
                                 env=dict(env) if env is not None else harness.base_env())
-        return Running(self, full, proc, owns_nodes)
+        return Running(self, full, proc, owns_nodes, drain)
 
     def run(self, node: int, argv: Sequence[str], timeout: float = 60,
             env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> Launch:
@@ -359,7 +398,8 @@ class SimulatedNodes:
                      env: Optional[Mapping[str, str]] = None,
                      extra_mca: Sequence[Tuple[str, str]] = (),
                      cwd: Optional[str] = None) -> Running:
-        """Starts mpirun in node 0, owning the nodes (see Running). Its environment:
+        """Starts mpirun in node 0, owning the nodes, its output read as it comes
+        (see Running). Its environment:
         harness.base_env() without launcher or TF_SMB_ variables, then `env`, whose
         variables reach every rank; `cwd`: the ranks' working folder (the checkout)."""
         e = {k: v for k, v in harness.base_env().items()
@@ -367,7 +407,7 @@ class SimulatedNodes:
         e.update(env or {})
         forward = [k for k in FORWARD if k in e] + list(env or {})
         return self.start(0, self.mpirun_argv(np_, per_node, argv, forward, extra_mca), e,
-                          cwd=cwd, owns_nodes=True)
+                          cwd=cwd, owns_nodes=True, drain=True)
 
     def mpirun(self, np_: int, per_node: int, argv: Sequence[str], timeout: float,
                env: Optional[Mapping[str, str]] = None,

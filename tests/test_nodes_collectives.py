@@ -5,7 +5,6 @@ on different nodes that disagree. Keras training across nodes: test_nodes.py."""
 import json
 import os
 import re
-import signal
 import sys
 import time
 
@@ -185,11 +184,7 @@ def test_survivors_fail_naming_the_ranks_of_a_lost_node(nodes, tmp_path):
             assert result["time"] - kill_time < 45, f"rank {r} took {result['time'] - kill_time:.0f} s"
     finally:
         nodes.kill_processes()
-        try:
-            os.killpg(run.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        run.proc.communicate(timeout=30)
+        run.kill()
 
 
 def test_nodes_of_different_sizes_get_a_clear_error(nodes, tmp_path):
