@@ -10,6 +10,7 @@ CPU at once), shared by the pytest-xdist workers that run test_sanitizers.py and
 test_timeline.py (a file lock makes one wait for the other's build); each test then
 compiles its own file and links.
 """
+import functools
 import hashlib
 import os
 import shutil
@@ -53,13 +54,19 @@ def _cache() -> str:
     return cache
 
 
+@functools.lru_cache(maxsize=None)
+def _compiler_version() -> str:
+    """What the compiler says of its version (asked once per test process)."""
+    return subprocess.run([*_compiler(), "--version"], capture_output=True, text=True,
+                          timeout=60).stdout
+
+
 def _key(name: str, sanitizer: str, folders: Sequence[str]) -> str:
     """Hashes what `name` is built from: compiler version, flags, the C++ files
     under cc/`folders`."""
     digest = hashlib.sha256()
-    version = subprocess.run([*_compiler(), "--version"], capture_output=True, text=True,
-                             timeout=60).stdout
-    digest.update("\0".join([version, name, *COMMON_FLAGS, *SANITIZERS[sanitizer][0]]).encode())
+    digest.update("\0".join([_compiler_version(), name, *COMMON_FLAGS,
+                              *SANITIZERS[sanitizer][0]]).encode())
     for folder in folders:
         for root, dirs, files in os.walk(os.path.join(REPO, "cc", folder)):
             dirs.sort()

@@ -152,27 +152,34 @@ def _flags(tf: types.ModuleType) -> Tuple[List[str], List[str], List[str]]:
             list(tf.sysconfig.get_link_flags()) + list(EXTRA_LINK_FLAGS) + mpi_link)
 
 
-def _uses_mpi(path: str) -> bool:
+def _read(root: str, rel: str, files: Dict[str, bytes]) -> bytes:
+    """The bytes of ``rel`` under ``root``, read once per build (``files`` keeps them)."""
+    if rel not in files:
+        with open(os.path.join(root, rel), "rb") as f:
+            files[rel] = f.read()
+    return files[rel]
+
+
+def _uses_mpi(root: str, rel: str, files: Dict[str, bytes]) -> bool:
     """Whether a source tests TF_SMB_WITH_MPI, so needs MPI's flags. Only these
     get them: the other objects are then the same with or without MPI, and a
     build without MPI reuses them from the object cache."""
-    with open(path, "rb") as f:
-        return MPI_MACRO in f.read()
+    return MPI_MACRO in _read(root, rel, files)
 
 
-def _includes(root: str, rel: str, found: Optional[Dict[str, bytes]] = None,
-              outside: Optional[Set[str]] = None) -> Tuple[Dict[str, bytes], Set[str]]:
-    """({``rel`` and every header of the include root it includes, at any depth:
-    its bytes}, the quoted includes found outside the root, e.g. TensorFlow's)."""
-    found = {} if found is None else found
+def _includes(root: str, rel: str, files: Dict[str, bytes], found: Optional[Set[str]] = None,
+              outside: Optional[Set[str]] = None) -> Tuple[Set[str], Set[str]]:
+    """({``rel`` and every header of the include root it includes, at any depth},
+    the quoted includes found outside the root, e.g. TensorFlow's); ``files``: the
+    bytes read so far (`_read`)."""
+    found = set() if found is None else found
     outside = set() if outside is None else outside
     if rel not in found:
-        with open(os.path.join(root, rel), "rb") as f:
-            found[rel] = f.read()
-        for header in _INCLUDE.findall(found[rel]):
+        found.add(rel)
+        for header in _INCLUDE.findall(_read(root, rel, files)):
             header = header.decode()
-            if os.path.isfile(os.path.join(root, header)):
-                _includes(root, header, found, outside)
+            if header in files or os.path.isfile(os.path.join(root, header)):
+                _includes(root, header, files, found, outside)
             else:
                 outside.add(header)
     return found, outside
@@ -247,21 +254,22 @@ def _compiler_identity(compiler: Sequence[str]) -> str:
 
 
 def _object_key(root: str, rel: str, compiler_identity: str, flags: Sequence[str],
-                context: str, outside_context: str) -> str:
+                context: str, outside_context: str, files: Dict[str, bytes]) -> str:
     """Hashes what the object of ``rel`` is made from: the file and the headers of
     the include root it includes, the compiler (`_compiler_identity`), the flags
     other than paths and ``context``; and ``outside_context`` (e.g. TensorFlow's
     version, whose headers the include paths lead to) when it includes headers from
-    outside the root. The core includes none, so its objects serve every TensorFlow."""
+    outside the root. The core includes none, so its objects serve every TensorFlow.
+    ``files``: the bytes read so far (`_read`)."""
     h = hashlib.sha256(context.encode() + b"\0" + compiler_identity.encode() + b"\0")
     for flag in flags:
         if not flag.startswith(("-I", "-L")):
             h.update(flag.encode() + b"\0")
-    deps, outside = _includes(root, rel)
+    deps, outside = _includes(root, rel, files)
     if outside:
         h.update(outside_context.encode() + b"\0")
     for dep in sorted(deps):
-        h.update(dep.encode() + b"\0" + deps[dep] + b"\0")
+        h.update(dep.encode() + b"\0" + files[dep] + b"\0")
     return h.hexdigest()[:20]
 
 
@@ -290,7 +298,8 @@ def _prune_objects(directory: str) -> None:
 
 def compile_objects(root: str, sources: Sequence[Tuple[str, List[str]]], tmp: str,
                     context: str = "", outside_context: str = "",
-                    jobs: Optional[int] = None) -> List[str]:
+                    jobs: Optional[int] = None,
+                    files: Optional[Dict[str, bytes]] = None) -> List[str]:
     """The objects of ``sources`` (each a path under ``root`` and its compile flags),
     compiled ``jobs`` at a time (default: the CPUs this process may use) where the
     object cache lacks them; ``tmp`` holds them when the cache cannot be written.
@@ -298,7 +307,8 @@ def compile_objects(root: str, sources: Sequence[Tuple[str, List[str]]], tmp: st
     Each object is kept in the object cache (`_object_cache`) under a key of what
     it is made from (`_object_key`), so a later build compiles only the sources
     whose object changed: after an edit, the edited sources and those that
-    include an edited header.
+    include an edited header. ``files``: the bytes of files under ``root`` the
+    caller read already (`_read`), so each file is read once per build.
 
     Raises:
       OpLibraryError: the compiler is missing or fails (with its output).
@@ -306,9 +316,10 @@ def compile_objects(root: str, sources: Sequence[Tuple[str, List[str]]], tmp: st
     cxx = compiler()
     identity = _compiler_identity(cxx)
     cache = _object_cache(tmp)
+    files = {} if files is None else files
     objects, builds = [], []
     for rel, flags in sources:
-        key = _object_key(root, rel, identity, flags, context, outside_context)
+        key = _object_key(root, rel, identity, flags, context, outside_context, files)
         obj = os.path.join(cache, f"{os.path.basename(rel)}-{key}.o")
         objects.append(obj)
         if os.path.exists(obj):
@@ -349,11 +360,12 @@ def compile_library(root: str, output: str, tf: Optional[types.ModuleType] = Non
     sources = [s for s in source_files(root) if s.endswith(".cc")]
     if not sources:
         raise OpLibraryError(f"tf_smb: no C++ sources under {root}")
+    files: Dict[str, bytes] = {}
     with tempfile.TemporaryDirectory(prefix="tf_smb_ops_build_") as tmp:
         objects = compile_objects(
-            root, [(rel, compile_flags + (mpi_compile if _uses_mpi(os.path.join(root, rel))
-                                          else [])) for rel in sources],
-            tmp, outside_context=f"tensorflow={tf.__version__}", jobs=jobs)
+            root, [(rel, compile_flags + (mpi_compile if _uses_mpi(root, rel, files) else []))
+                   for rel in sources],
+            tmp, outside_context=f"tensorflow={tf.__version__}", jobs=jobs, files=files)
         record = os.path.join(tmp, "build_record.cc")
         with open(record, "w") as f:
             f.write(_build_record_source(tf.__version__, source_digest(root),
