@@ -87,3 +87,25 @@ def nodes():
         yield sim
     finally:
         sim.close()
+
+
+# Seconds per test file (every phase of its tests, fixtures included), printed
+# after the run: the files are what tools/test.sh spreads over its workers, so
+# these totals show where the suite's time goes (--durations shows single tests).
+_file_seconds: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    # Under pytest-xdist the controller gets the workers' reports here too.
+    file = report.nodeid.split("::", 1)[0]
+    _file_seconds[file] = _file_seconds.get(file, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if len(_file_seconds) < 2:
+        return
+    terminalreporter.write_sep("=", "slowest 20 test files (seconds of their tests)")
+    for file, seconds in sorted(_file_seconds.items(), key=lambda kv: -kv[1])[:20]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {file}")
+    terminalreporter.write_line(f"{sum(_file_seconds.values()):8.1f}s in all "
+                                f"({len(_file_seconds)} files)")
