@@ -170,6 +170,20 @@ def test_builds_reuse_unchanged_objects_and_give_mpi_flags_to_its_sources_only(
     # Without MPI: only the source that tests TF_SMB_WITH_MPI.
     monkeypatch.setattr(op_library, "mpi_flags", lambda: ([], []))
     assert build("no_mpi.so") == ["cc/kernels/a.cc"]
+    # Open MPI upgraded in place (the same include folder, another mpi.h): only the
+    # source that tests TF_SMB_WITH_MPI, and the library is cached elsewhere.
+    mpi_include = fake_build.log.parent / "mpi_include"
+    mpi_include.mkdir()
+    (mpi_include / "mpi.h").write_text("#define OMPI_MAJOR_VERSION 4\n")
+    mpi = (["-I", str(mpi_include), "-DTF_SMB_WITH_MPI"], ["-lmpi"])
+    monkeypatch.setattr(op_library, "mpi_flags", lambda: mpi)
+    assert build("mpi4.so") == ["cc/kernels/a.cc+mpi"]
+    library_dir = op_library.cache_dir(root, fake_tf())
+    (mpi_include / "mpi.h").write_text("#define OMPI_MAJOR_VERSION 5\n")
+    assert build("mpi5.so") == ["cc/kernels/a.cc+mpi"]
+    assert op_library.cache_dir(root, fake_tf()) != library_dir
+    assert build("mpi5_again.so") == []
+    monkeypatch.setattr(op_library, "mpi_flags", lambda: ([], []))
     # Another TensorFlow (other headers behind the same flags): only the source that
     # includes TensorFlow's headers; the others' objects serve every TensorFlow.
     sources.write_text("")
@@ -178,7 +192,7 @@ def test_builds_reuse_unchanged_objects_and_give_mpi_flags_to_its_sources_only(
         "cc/ops/a.cc"]
     # The objects are kept, without partial files; the record is not.
     names = os.listdir(fake_build.cache / "objects")
-    assert all(n.endswith(".o") for n in names) and len(names) == 3 + 1 + 1 + 1, names
+    assert all(n.endswith(".o") for n in names) and len(names) == 3 + 1 + 1 + 2 + 1, names
     # compile_objects (setup.py builds tf_smb._box with it): a context of its own
     # (Python's and pybind11's versions there) keys every object.
     box = [("cc/smb/a.cc", ["-DBOX"])]

@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 import types
-from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 # Directories under the include root whose sources make up the op library.
 SOURCE_DIRS = ("cc/smb", "cc/ops", "cc/kernels")
@@ -144,6 +144,22 @@ def mpi_flags() -> tuple:
     return compile_flags + ["-DTF_SMB_WITH_MPI", "-DOMPI_SKIP_MPICXX=1"], link_flags
 
 
+def mpi_header_identity(compile_flags: Sequence[str]) -> str:
+    """A digest of the ``mpi.h`` that ``compile_flags``' include folders lead to
+    ("" when none does). Paths are left out of the cache keys (so checkouts share
+    objects), so this is what tells an Open MPI upgraded in place from the one the
+    cached MPI transport was compiled against."""
+    folders = [f[2:] or (compile_flags[i + 1] if i + 1 < len(compile_flags) else "")
+               for i, f in enumerate(compile_flags) if f.startswith("-I")]
+    for folder in folders:
+        try:
+            with open(os.path.join(folder, "mpi.h"), "rb") as f:
+                return "mpi.h:" + hashlib.sha256(f.read()).hexdigest()[:16]
+        except OSError:
+            continue
+    return ""
+
+
 def _flags(tf: types.ModuleType) -> Tuple[List[str], List[str], List[str]]:
     """(flags for compiling every source, flags added for the sources of the MPI
     transport, link flags)."""
@@ -204,6 +220,7 @@ def cache_dir(root: str, tf: Optional[types.ModuleType] = None) -> str:
     for flag in compiler() + compile_flags + mpi_compile + link_flags:
         if not flag.startswith(("-I", "-L")):
             h.update(flag.encode() + b"\0")
+    h.update(mpi_header_identity(mpi_compile).encode() + b"\0")
     h.update(sys.platform.encode() + os.uname().machine.encode())
     return os.path.join(cache_root(), "ops", f"{tf.__version__}-{h.hexdigest()[:16]}")
 
@@ -299,7 +316,8 @@ def _prune_objects(directory: str) -> None:
 def compile_objects(root: str, sources: Sequence[Tuple[str, List[str]]], tmp: str,
                     context: str = "", outside_context: str = "",
                     jobs: Optional[int] = None,
-                    files: Optional[Dict[str, bytes]] = None) -> List[str]:
+                    files: Optional[Dict[str, bytes]] = None,
+                    source_context: Optional[Mapping[str, str]] = None) -> List[str]:
     """The objects of ``sources`` (each a path under ``root`` and its compile flags),
     compiled ``jobs`` at a time (default: the CPUs this process may use) where the
     object cache lacks them; ``tmp`` holds them when the cache cannot be written.
@@ -309,6 +327,8 @@ def compile_objects(root: str, sources: Sequence[Tuple[str, List[str]]], tmp: st
     whose object changed: after an edit, the edited sources and those that
     include an edited header. ``files``: the bytes of files under ``root`` the
     caller read already (`_read`), so each file is read once per build.
+    ``source_context``: more of the key for some sources (e.g. the MPI transport:
+    `mpi_header_identity`).
 
     Raises:
       OpLibraryError: the compiler is missing or fails (with its output).
@@ -319,7 +339,10 @@ def compile_objects(root: str, sources: Sequence[Tuple[str, List[str]]], tmp: st
     files = {} if files is None else files
     objects, builds = [], []
     for rel, flags in sources:
-        key = _object_key(root, rel, identity, flags, context, outside_context, files)
+        extra = (source_context or {}).get(rel)
+        key = _object_key(root, rel, identity, flags,
+                          context if extra is None else f"{context}\0{extra}", outside_context,
+                          files)
         obj = os.path.join(cache, f"{os.path.basename(rel)}-{key}.o")
         objects.append(obj)
         if os.path.exists(obj):
@@ -361,11 +384,14 @@ def compile_library(root: str, output: str, tf: Optional[types.ModuleType] = Non
     if not sources:
         raise OpLibraryError(f"tf_smb: no C++ sources under {root}")
     files: Dict[str, bytes] = {}
+    mpi_sources = {rel for rel in sources if _uses_mpi(root, rel, files)}
+    mpi_header = mpi_header_identity(mpi_compile)
     with tempfile.TemporaryDirectory(prefix="tf_smb_ops_build_") as tmp:
         objects = compile_objects(
-            root, [(rel, compile_flags + (mpi_compile if _uses_mpi(root, rel, files) else []))
+            root, [(rel, compile_flags + (mpi_compile if rel in mpi_sources else []))
                    for rel in sources],
-            tmp, outside_context=f"tensorflow={tf.__version__}", jobs=jobs, files=files)
+            tmp, outside_context=f"tensorflow={tf.__version__}", jobs=jobs, files=files,
+            source_context={rel: mpi_header for rel in mpi_sources})
         record = os.path.join(tmp, "build_record.cc")
         with open(record, "w") as f:
             f.write(_build_record_source(tf.__version__, source_digest(root),
