@@ -1,13 +1,14 @@
 """The layout of tf_smb's strategy code and the pieces that need no second
 worker: the collectives interface, box segment names, which variable updates
 update="sgd" applies in the box, the error when workers disagree, options of
-HorovodStrategy, and the import error without TensorFlow."""
+HorovodStrategy, the import error without TensorFlow, and the docs' length."""
 import inspect
+import os
 import subprocess
 
 import pytest
 
-from harness import base_env, python, run_python
+from harness import REPO, base_env, python, run_python
 
 
 
@@ -182,3 +183,19 @@ def test_other_missing_modules_are_not_blamed_on_tensorflow():
         "    print(e.name)\n")
     assert out.strip() == "tf_smb.keras_support"
 
+
+
+# ---- the docs' size budget -------------------------------------------------------
+
+def test_readme_and_examples_stay_within_their_length():
+    # The README is for users (history lives in git, benchmark records in docs/),
+    # and each example is a script a user copies.
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = len(f.readlines())
+    assert readme <= 450, f"README.md has {readme} lines, at most 450"
+    examples = os.path.join(REPO, "examples")
+    for name in sorted(os.listdir(examples)):
+        if name.endswith(".py"):
+            with open(os.path.join(examples, name)) as f:
+                lines = len(f.readlines())
+            assert lines <= 250, f"examples/{name} has {lines} lines, at most 250"
