@@ -69,19 +69,45 @@ class Launch:
     leftovers: List[str]
 
     def rank_output(self, rank: int) -> str:
-        """The lines mpirun --tag-output printed for `rank`, without the tag."""
-        tag = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:")
-        lines = []
-        for line in (self.stdout + "\n" + self.stderr).splitlines():
-            m = tag.match(line)
-            if m and int(m.group(1)) == rank:
-                lines.append(line[m.end():])
-        return "\n".join(lines)
+        """What `rank` wrote (stdout, then stderr), without mpirun's tags."""
+        return rank_output(rank, self.stdout, self.stderr)
 
     def untagged_output(self) -> str:
         """What mpirun printed itself (no rank tag): its own errors."""
-        return "\n".join(l for l in (self.stdout + "\n" + self.stderr).splitlines()
-                         if not re.match(r"^\[\d+,\d+\]<std", l))
+        return tagged_streams(self.stdout, self.stderr)[1]
+
+
+# The tag mpirun --tag-output puts before what a rank wrote: [job,rank]<stream>:
+_TAG = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
+
+
+def tagged_streams(*texts: str) -> Tuple[Dict[Tuple[int, str], str], str]:
+    """What each rank wrote to each stream ({(rank, "stdout"|"stderr"): text}) in
+    mpirun --tag-output's output `texts` (its stdout and stderr), and what mpirun
+    printed itself. mpirun tags every chunk it forwards and every line within
+    one, but a chunk may end mid-line and another rank's chunk come next: a line
+    is then split, the second piece tagged on (or after) another rank's line.
+    Open MPI's TCP errors flooding a rank's stderr split lines often. So the
+    pieces are joined per rank and stream: a piece runs from its tag to the
+    next; what follows its first newline carries no tag, so mpirun printed it."""
+    streams: Dict[Tuple[int, str], List[str]] = {}
+    untagged: List[str] = []
+    for text in texts:
+        tags = list(_TAG.finditer(text))
+        untagged.append(text[:tags[0].start()] if tags else text)
+        for i, tag in enumerate(tags):
+            piece = text[tag.end():tags[i + 1].start() if i + 1 < len(tags) else len(text)]
+            cut = piece.find("\n") + 1 or len(piece)
+            streams.setdefault((int(tag.group(1)), tag.group(2)), []).append(piece[:cut])
+            untagged.append(piece[cut:])
+    return {key: "".join(pieces) for key, pieces in streams.items()}, "".join(untagged)
+
+
+def rank_output(rank: int, *texts: str) -> str:
+    """What `rank` wrote (stdout, then stderr) in mpirun --tag-output's output
+    `texts`, its lines whole (see tagged_streams)."""
+    streams = tagged_streams(*texts)[0]
+    return streams.get((rank, "stdout"), "") + streams.get((rank, "stderr"), "")
 
 
 class Running:
@@ -110,6 +136,11 @@ class Running:
         """What a draining command printed so far (stdout, then stderr)."""
         assert self._read is not None, "output() needs a Running started with drain"
         return "".join(self._read[0]) + "".join(self._read[1])
+
+    def rank_output(self, rank: int) -> str:
+        """What `rank` wrote so far (stdout, then stderr) in a draining mpirun."""
+        assert self._read is not None, "rank_output() needs a Running started with drain"
+        return rank_output(rank, "".join(self._read[0]), "".join(self._read[1]))
 
     def kill(self) -> Tuple[str, str]:
         """Kills the command (its whole session) and returns its (stdout, stderr)."""

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from harness import WORKERS, max_diff, run_single
-from simnodes import NodesTimeout, SimulatedNodes, describe_failure, run_workers
+from simnodes import (NodesTimeout, SimulatedNodes, describe_failure, rank_output, run_workers,
+                      tagged_streams)
 
 KERAS = os.path.join(WORKERS, "keras_worker.py")
 B = 8  # per-worker batch
@@ -28,6 +29,21 @@ TF_ENV = {"TF_SMB_TIMEOUT": "60", "TEST_TIMEOUT": "60"}  # keras_worker reads TE
 
 
 # --- the simulation itself --------------------------------------------------
+
+def test_smoke_rank_output_joins_lines_mpirun_split():
+    # What Open MPI 4.1's mpirun --tag-output printed (2>&1) when rank 1 wrote
+    # "A1-part1 ", rank 0 "A0-part1 ", rank 0 "part2\nB0\n", then rank 1
+    # "part2\nB1\n": a chunk ending mid-line is tagged, and the next rank's
+    # chunk follows on the same line. (A line the lost-node test looked for was
+    # once split so, behind Open MPI's TCP errors, and counted as missing.)
+    printed = ("[1,1]<stderr>:A1-part1 [1,0]<stderr>:A0-part1 [1,0]<stderr>:part2\n"
+               "[1,0]<stderr>:B0\n[1,1]<stderr>:part2\nmpirun's own line\n[1,1]<stderr>:B1\n")
+    assert rank_output(0, printed) == "A0-part1 part2\nB0\n"
+    assert rank_output(1, "[1,1]<stdout>:{}\n", printed) == "{}\nA1-part1 part2\nB1\n"
+    streams, untagged = tagged_streams("before the first tag\n", printed)
+    assert sorted(streams) == [(0, "stderr"), (1, "stderr")]
+    assert untagged == "before the first tag\nmpirun's own line\n"
+
 
 PROBE = r"""
 import json, os, socket, sys

@@ -53,9 +53,8 @@ def launch_script(nodes, args, timeout):
 
 
 def last_json(launch, rank):
-    """The last JSON object the rank printed (None if none). mpirun may append
-    the next line's tag to a line, so the object is decoded from its start and
-    whatever follows it ignored."""
+    """The last JSON object the rank printed (None if none), decoded from its
+    start on its line (whatever follows it ignored)."""
     decoder = json.JSONDecoder()
     for line in reversed(launch.rank_output(rank).splitlines()):
         start = line.find('{"rank"')
@@ -260,7 +259,7 @@ def test_survivors_finish_when_a_node_is_lost(nodes, tmp_path, how):
         # What the ranks printed last may still be on its way through the
         # nodes' mpirun daemons: give it up to 20 s before mpirun is killed.
         deadline = time.time() + 20
-        while _unsaid(run.output(), how) and time.time() < deadline:
+        while _unsaid(run, how) and time.time() < deadline:
             time.sleep(0.5)
     except AssertionError as e:
         failed = e
@@ -269,18 +268,21 @@ def test_survivors_finish_when_a_node_is_lost(nodes, tmp_path, how):
             frozen.release()
         nodes.kill_processes()
         out, err = run.kill()
-    output = (out or "") + (err or "")
+    said = {rank: simnodes.rank_output(rank, out or "", err or "") for rank in range(WORLD)}
     if failed is not None:
-        raise AssertionError(f"{failed}\n--- mpirun's output:\n{_without_noise(output)[-8000:]}")
+        raise AssertionError(f"{failed}" + "".join(
+            f"\n--- rank {rank}'s output:\n{_without_noise(said[rank])[-3000:]}"
+            for rank in range(WORLD)))
 
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in survivors]
     for rank, res in zip(survivors, results):
-        said = _said(output, rank)
-        shown = _without_noise(said)[-4000:]
-        assert re.search(NAMED_LOST, said), f"rank {rank} did not name the lost ranks:\n{shown}"
+        shown = _without_noise(said[rank])[-4000:]
+        assert re.search(NAMED_LOST, said[rank]), (
+            f"rank {rank} did not name the lost ranks:\n{shown}")
         if how == "killed" and rank == 1:
-            assert MPI_THREAD_STUCK in said, f"rank 1 did not say its MPI thread is stuck:\n{shown}"
-        moved = re.search(MOVED, said)
+            assert MPI_THREAD_STUCK in said[rank], (
+                f"rank 1 did not say its MPI thread is stuck:\n{shown}")
+        moved = re.search(MOVED, said[rank])
         assert moved and int(moved.group(1)) >= 1, (
             f"rank {rank} did not say which segments it moved:\n{shown}")
         assert res["accuracy"] >= 0.90, f"rank {rank}: {res}"
@@ -288,9 +290,9 @@ def test_survivors_finish_when_a_node_is_lost(nodes, tmp_path, how):
     if how == "stalled":
         for rank in lost:
             assert not (tmp_path / f"rank{rank}.json").exists(), f"rank {rank} trained on alone"
-            assert re.search(LEFT_BEHIND.format(rank=rank), _said(output, rank)), (
+            assert re.search(LEFT_BEHIND.format(rank=rank), said[rank]), (
                 f"rank {rank} did not say it was left behind:\n"
-                f"{_without_noise(_said(output, rank))[-4000:]}")
+                f"{_without_noise(said[rank])[-4000:]}")
 
 
 # What the lost-node test expects the ranks to say (survivors: ranks 0 and 1).
@@ -302,18 +304,14 @@ LEFT_BEHIND = (r"rank {rank} \(node 1\) sent nothing for 10 s, so rank [01] went
                r"on without it .*this rank stops")
 
 
-def _said(output, rank):
-    """The lines mpirun tagged as rank `rank`'s."""
-    return "".join(line for line in output.splitlines(keepends=True)
-                   if line.startswith(f"[1,{rank}]"))
-
-
-def _unsaid(output, how):
-    """Whether a line the lost-node test expects is still missing from `output`."""
+def _unsaid(run, how):
+    """Whether a line the lost-node test expects is still missing from what the
+    draining mpirun `run` printed so far."""
     expected = [(r, NAMED_LOST) for r in (0, 1)] + [(r, MOVED) for r in (0, 1)]
     expected += [(1, re.escape(MPI_THREAD_STUCK))] if how == "killed" else [
         (r, LEFT_BEHIND.format(rank=r)) for r in (2, 3)]
-    return any(not re.search(pattern, _said(output, r)) for r, pattern in expected)
+    said = {r: run.rank_output(r) for r in {r for r, _ in expected}}
+    return any(not re.search(pattern, said[r]) for r, pattern in expected)
 
 
 def _without_noise(output):
