@@ -103,11 +103,17 @@ def tagged_streams(*texts: str) -> Tuple[Dict[Tuple[int, str], str], str]:
     return {key: "".join(pieces) for key, pieces in streams.items()}, "".join(untagged)
 
 
-def rank_output(rank: int, *texts: str) -> str:
-    """What `rank` wrote (stdout, then stderr) in mpirun --tag-output's output
-    `texts`, its lines whole (see tagged_streams)."""
+def rank_outputs(*texts: str) -> Dict[int, str]:
+    """What each rank wrote (stdout, then stderr) in mpirun --tag-output's output
+    `texts`, its lines whole (see tagged_streams), by rank."""
     streams = tagged_streams(*texts)[0]
-    return streams.get((rank, "stdout"), "") + streams.get((rank, "stderr"), "")
+    return {rank: streams.get((rank, "stdout"), "") + streams.get((rank, "stderr"), "")
+            for rank in {rank for rank, _ in streams}}
+
+
+def rank_output(rank: int, *texts: str) -> str:
+    """What `rank` wrote (stdout, then stderr) in `texts` (see rank_outputs)."""
+    return rank_outputs(*texts).get(rank, "")
 
 
 class Running:
@@ -137,10 +143,10 @@ class Running:
         assert self._read is not None, "output() needs a Running started with drain"
         return "".join(self._read[0]) + "".join(self._read[1])
 
-    def rank_output(self, rank: int) -> str:
-        """What `rank` wrote so far (stdout, then stderr) in a draining mpirun."""
-        assert self._read is not None, "rank_output() needs a Running started with drain"
-        return rank_output(rank, "".join(self._read[0]), "".join(self._read[1]))
+    def rank_outputs(self) -> Dict[int, str]:
+        """What each rank wrote so far in a draining mpirun (see rank_outputs)."""
+        assert self._read is not None, "rank_outputs() needs a Running started with drain"
+        return rank_outputs("".join(self._read[0]), "".join(self._read[1]))
 
     def kill(self) -> Tuple[str, str]:
         """Kills the command (its whole session) and returns its (stdout, stderr)."""

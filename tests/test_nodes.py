@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from harness import WORKERS, max_diff, run_single
-from simnodes import (NodesTimeout, SimulatedNodes, describe_failure, rank_output, run_workers,
-                      tagged_streams)
+from simnodes import (NodesTimeout, SimulatedNodes, describe_failure, rank_output, rank_outputs,
+                      run_workers, tagged_streams)
 
 KERAS = os.path.join(WORKERS, "keras_worker.py")
 B = 8  # per-worker batch
@@ -40,6 +40,8 @@ def test_smoke_rank_output_joins_lines_mpirun_split():
                "[1,0]<stderr>:B0\n[1,1]<stderr>:part2\nmpirun's own line\n[1,1]<stderr>:B1\n")
     assert rank_output(0, printed) == "A0-part1 part2\nB0\n"
     assert rank_output(1, "[1,1]<stdout>:{}\n", printed) == "{}\nA1-part1 part2\nB1\n"
+    assert rank_outputs(printed) == {0: "A0-part1 part2\nB0\n", 1: "A1-part1 part2\nB1\n"}
+    assert rank_output(2, printed) == ""
     streams, untagged = tagged_streams("before the first tag\n", printed)
     assert sorted(streams) == [(0, "stderr"), (1, "stderr")]
     assert untagged == "before the first tag\nmpirun's own line\n"
