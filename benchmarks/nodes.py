@@ -512,8 +512,9 @@ def run(args: argparse.Namespace) -> int:
     unavailable["horovod_hier"] = unavailable["horovod_mpi"]
     job_env = {"TF_ENABLE_ONEDNN_OPTS": "0", common.SHAPES_ENV: str(shapes_path),
                "TF_SMB_TIMEOUT": str(int(args.timeout)),
-               # room for the sums and the async segments of every set (sparse)
-               "TF_SMB_HEAP_BYTES": str(3 * total + (256 << 20))}
+               # room for the sums and the async segments of every set, with a
+               # node's pending sum, copy and fetched value of each remote one (sparse)
+               "TF_SMB_HEAP_BYTES": str(4 * total + (256 << 20))}
     if not args.combine_pushes:  # each async worker pushes and fetches on its own
         job_env["TF_SMB_COMBINE_PUSHES"] = "0"
     steps = [f"--iters={args.iters}", f"--warmup={args.warmup}", f"--sets={','.join(models)}"]

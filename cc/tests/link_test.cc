@@ -3,8 +3,12 @@
 // rank (tests/test_sanitizers.py builds and runs this under both): the
 // memory server's calls and their errors, step clocks, files for rank 0, a
 // failure reaching every rank, and a node cut off, which fails a synchronous
-// job and which the asynchronous mode survives. (cc/tests/collectives_test.cc
-// runs the collectives across nodes over the same transport.)
+// job and which the asynchronous mode survives, and a combined push on the
+// wire when its home node is lost, which still counts once.
+// (cc/tests/collectives_test.cc runs the collectives across nodes over the
+// same transport.)
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -16,7 +20,10 @@
 #include <thread>
 #include <vector>
 
+#include "cc/smb/box.h"
 #include "cc/smb/link/transport_link.h"
+#include "cc/smb/segment/segment_table.h"
+#include "cc/smb/transport/shm_peers.h"
 #include "cc/smb/transport/thread_transport.h"
 #include "cc/tests/check.h"
 
@@ -225,6 +232,84 @@ void TestNodeCutOff(bool keep_going) {
   });
 }
 
+
+// 2 nodes x 1 rank, the asynchronous mode's segments (SegmentTable, pushes
+// combined per node): "w" lives on node 1. Node 0 pushes +1 (the value comes
+// back: 1), node 1 is cut off, and node 0 pushes +1 again at once: that push
+// is on the wire when node 1 is found lost (1 s of silence), so it is retried
+// at the segment's new home, node 0, which starts from node 0's copy. The
+// copy must not hold the retried sum already: w ends at 2, not 3.
+void TestPushInFlightToLostNodeCountsOnce() {
+  std::atomic<bool> cut{false};
+  RunLinks(2, 1, 1, [&](int rank, smb::ThreadNetwork& network, smb::NodeLink& link) {
+    const std::string who = "lost home: rank " + std::to_string(rank);
+    smb::Box::Options o;
+    o.job_id = "link-test-" + std::to_string(getpid()) + "-" + std::to_string(rank);
+    o.world = 1;
+    o.heap_bytes = 1 << 20;
+    std::unique_ptr<smb::Box> made;
+    smb::Status s = smb::Box::Create(o, &made);
+    Check(s.ok(), who + ": create box: " + s.ToString());
+    if (!s.ok()) return;
+    struct Unlinked {  // the box's name goes however this rank leaves
+      std::shared_ptr<smb::Box> box;
+      ~Unlinked() { box->Unlink(); }
+    } box{std::shared_ptr<smb::Box>(std::move(made))};
+    std::unique_ptr<smb::ShmPeers> joined;
+    s = smb::ShmPeers::Join(box.box, 0, &joined);
+    Check(s.ok(), who + ": join: " + s.ToString());
+    if (!s.ok()) return;
+    auto table = std::make_shared<smb::SegmentTable>(std::shared_ptr<smb::Peers>(std::move(joined)),
+                                                     &link);
+    link.SetSegmentServer([table](const smb::SegmentRequest& request, const void* payload,
+                                  size_t bytes, std::vector<char>* reply) {
+      return table->Serve(request, payload, bytes, reply);
+    });
+    const std::vector<int64_t> shape{4};
+    const std::vector<float> zeros(4, 0.0f), one(4, 1.0f);
+    std::vector<float> read(4, -1.0f);
+    int word = rank, words[2];
+    auto in_step = [&](const char* where) {  // both ranks got here
+      const smb::Status met = link.AllGather(&word, sizeof(int), words, 30);
+      Check(met.ok(), who + ": " + where + ": " + met.ToString());
+      return met.ok();
+    };
+    // Equal sizes: "a" goes to node 0, "w" to node 1 (placement, segment_table.h).
+    for (const char* name : {"a", "w"}) {
+      s = table->Create(name, smb::DType::kFloat32, shape, zeros.data(), rank == 0, 30);
+      Check(s.ok(), who + ": create " + name + ": " + s.ToString());
+    }
+    if (!in_step("after creating")) return;
+    if (rank == 0) {
+      s = table->Update("w", smb::DType::kFloat32, shape, {smb::UpdateRule::kDelta}, one.data(),
+                        0.0, 30, read.data());
+      Check(s.ok() && table->Home("w") == 1 && read == one,
+            who + ": the first push, w = " + std::to_string(read[0]) + ": " + s.ToString());
+    }
+    if (!in_step("after the first push")) return;
+    if (rank == 1) {
+      network.Cut(rank);
+      cut = true;
+      return;
+    }
+    while (!cut) std::this_thread::yield();
+    s = table->Update("w", smb::DType::kFloat32, shape, {smb::UpdateRule::kDelta}, one.data(),
+                      0.0, 30);
+    if (s.ok()) s = table->FlushCombined(30);  // the push's retry ends
+    if (s.ok()) {
+      s = table->Read("w", smb::DType::kFloat32, shape, smb::ReadMode::kConsistent, read.data(),
+                      30);
+    }
+    Check(s.ok() && table->Home("w") == 0,
+          who + ": w moved to node 0: home " + std::to_string(table->Home("w")) + ", " +
+              s.ToString());
+    Check(read == std::vector<float>(4, 2.0f),
+          who + ": w = " + std::to_string(read[0]) +
+              " after two pushes of +1, the second on the wire when its home was lost "
+              "(expected 2: each push counted once)");
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -238,5 +323,6 @@ int main() {
   timed("failure", TestFailureReachesEveryRank);
   timed("node cut off, sync", [] { TestNodeCutOff(/*keep_going=*/false); });
   timed("node cut off, async", [] { TestNodeCutOff(/*keep_going=*/true); });
+  timed("push in flight to a lost node", TestPushInFlightToLostNodeCountsOnce);
   return smb_test::Report("link_test");
 }

@@ -149,13 +149,15 @@ Status NodeCombiner::Find(const std::string& name, DType dtype,
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
-    Entry made{dtype, shape, {}, {}, {}, 0};
+    Entry made{dtype, shape, {}, {}, {}, {}, 0};
     Box* box = peers_->box();
     uint64_t key = 0;
     SMB_RETURN_IF_ERROR(box->CreateSegment(name + "@pending", dtype, shape, &key));
     SMB_RETURN_IF_ERROR(box->AttachSegment(key, dtype, shape, &made.pending));
     SMB_RETURN_IF_ERROR(box->CreateSegment(name + "@cache", dtype, shape, &key));
     SMB_RETURN_IF_ERROR(box->AttachSegment(key, dtype, shape, &made.cache));
+    SMB_RETURN_IF_ERROR(box->CreateSegment(name + "@fetched", dtype, shape, &key));
+    SMB_RETURN_IF_ERROR(box->AttachSegment(key, dtype, shape, &made.fetched));
     SMB_RETURN_IF_ERROR(box->CreateSegment(name + "@combine", DType::kInt64, {kWords}, &key));
     SMB_RETURN_IF_ERROR(box->AttachSegment(key, DType::kInt64, {kWords}, &made.state));
     it = entries_.emplace(name, std::move(made)).first;
@@ -252,6 +254,7 @@ Status NodeCombiner::PushPending(const std::string& name, Entry& entry, double t
   if (taken.ok()) taken = moved;
   Status pushed = taken;
   if (pushed.ok()) pushed = push_(name, entry.dtype, entry.shape, sum, fresh, timeout_s);
+  if (pushed.ok()) pushed = AssignSegment(entry.fetched, fresh);
   if (pushed.ok()) pushed = AssignSegment(entry.cache, fresh);
   Status released = ChangeState(entry, [&](int64_t* w) {
     w[kPushing] = 0;
@@ -361,8 +364,8 @@ bool NodeCombiner::LastFetched(const std::string& name, std::vector<char>* value
   }
   int64_t w[kWords];
   if (!ReadState(*entry, w).ok() || w[kFetches] == 0) return false;
-  value->resize(entry->cache.bytes);
-  return ReadSegment(entry->cache, value->data(), ReadMode::kConsistent).ok();
+  value->resize(entry->fetched.bytes);
+  return ReadSegment(entry->fetched, value->data(), ReadMode::kConsistent).ok();
 }
 
 }  // namespace smb

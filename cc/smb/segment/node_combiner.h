@@ -5,7 +5,10 @@
 // the node's copy (`<name>@cache`), which the node's ranks read, with the
 // pending sum added, instead of each fetching the segment across the link.
 // So the link carries one push and one fetch per node per round of steps,
-// not one per worker.
+// not one per worker. The reply is kept as it came too (`<name>@fetched`):
+// the copy also holds the sum on the wire (below), and a segment whose home
+// is lost restarts from the reply, to which the push, retried at the new
+// home, adds that sum once (SegmentTable::MoveFromLostNodes).
 //
 // Who pushes: the first update of the node (which brings the node its first
 // copy), then the rank whose update makes as many updates since the last
@@ -87,14 +90,15 @@ class NodeCombiner {
   Status FlushAll(double timeout_s);
   // This rank's next reads fetch from the home until another rank pushes.
   void ForgetReads();
-  // The node's copy of `name` as last fetched; false when none was.
+  // The segment's value as the node's last push fetched it (without the sum
+  // of a push in flight); false when none was.
   bool LastFetched(const std::string& name, std::vector<char>* value);
 
  private:
   struct Entry {
     DType dtype;
     std::vector<int64_t> shape;
-    Segment pending, cache, state;
+    Segment pending, cache, fetched, state;
     uint64_t last_read_fetch = 0;  // the node's fetch count at this rank's last read
     // The pushing thread's last look (PushIdle): kCount and kFetches.
     int64_t idle_count = 0, idle_fetches = -1;

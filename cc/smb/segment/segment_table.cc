@@ -233,7 +233,9 @@ Status SegmentTable::MoveFromLostNodes(double timeout_s) {
       node_bytes_[to] += Bytes(p.dtype, p.shape);
       p.home = to;
       Move move{name, p, {}};
-      // The node's copy (NodeCombiner) is as fresh as any this rank read.
+      // The value the node's last combined push fetched is as fresh as any
+      // this rank read. (Not the node's copy, which also holds the sum of a
+      // push in flight: its retry, at the new home, adds that sum.)
       std::vector<char> fetched;
       if (combiner_ != nullptr && combiner_->LastFetched(name, &fetched)) {
         KeepCopy(name, fetched.data(), fetched.size());
