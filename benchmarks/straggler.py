@@ -65,10 +65,9 @@ def run_one(sim: simnodes.SimulatedNodes, args: argparse.Namespace, mode: str, d
                                                   "TF_ENABLE_ONEDNN_OPTS", "PYTHONUNBUFFERED")}
     env.update(sim.preload_env(python))
     job = nodes.run_mpirun(sim, argv, env, args.timeout, per_node=args.per_node)
-    out = job.outputs[0] if job.outputs else ""
-    # mpirun --tag-output: rank 0's lines start "[1,0]<stdout>:".
-    # (Ranks' lines can interleave mid-line.)
-    final = re.search(r"\[\d+,0\]<stdout>:test accuracy: ([0-9.]+)", out)
+    # Rank 0's lines whole: mpirun --tag-output may split a line between ranks' chunks.
+    said = simnodes.rank_output(0, *job.outputs)
+    final = re.search(r"^test accuracy: ([0-9.]+)", said, re.MULTILINE)
     if not job.ok or final is None or not curve_path.exists():
         excerpt = error_excerpt(job.outputs)
         print(f"--- {LABELS[mode]}, delay {delay:g} ms failed:\n{excerpt[-3000:]}\n---",
