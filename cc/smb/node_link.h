@@ -115,6 +115,9 @@ class NodeLink {
   virtual void SetSegmentServer(SegmentServer server) = 0;
   // Sends `request` with `payload` to node `home` (served by the rank there
   // with this local rank) and waits for the reply, `reply_bytes` into `reply`.
+  // kAborted: the server was lost, or (an update, a writing create) it may
+  // have been counted lost, so it did not apply it; ask again (as
+  // SegmentTable does) and another rank, or the same one, answers.
   virtual Status CallSegmentServer(int home, const SegmentRequest& request, const void* payload,
                                    size_t payload_bytes, void* reply, size_t reply_bytes,
                                    double timeout_s) = 0;

@@ -3,8 +3,9 @@
 // rank (tests/test_sanitizers.py builds and runs this under both): the
 // memory server's calls and their errors, step clocks, files for rank 0, a
 // failure reaching every rank, and a node cut off, which fails a synchronous
-// job and which the asynchronous mode survives, and a combined push on the
-// wire when its home node is lost, which still counts once.
+// job and which the asynchronous mode survives, a combined push on the wire
+// when its home node is lost, which still counts once, and an update queued
+// at a stalled server and sent again elsewhere, which also counts once.
 // (cc/tests/collectives_test.cc runs the collectives across nodes over the
 // same transport.)
 #include <unistd.h>
@@ -35,9 +36,11 @@ bool Contains(const smb::Status& s, const std::string& text) {
   return s.message().find(text) != std::string::npos;
 }
 
-// Runs body(rank, link) on nodes x local_size threads, each with its link.
+// Runs body(rank, link) on nodes x local_size threads, each with its link;
+// `timeout_s` also bounds how long a link's exit waits for the others to leave.
 void RunLinks(int nodes, int local_size, double lost_after_s,
-              const std::function<void(int, smb::ThreadNetwork&, smb::NodeLink&)>& body) {
+              const std::function<void(int, smb::ThreadNetwork&, smb::NodeLink&)>& body,
+              double timeout_s = 30) {
   smb::ThreadNetwork network(nodes, local_size);
   const int world = nodes * local_size;
   std::vector<std::thread> threads;
@@ -46,7 +49,7 @@ void RunLinks(int nodes, int local_size, double lost_after_s,
       smb::LinkOptions options;
       options.rank = r;
       options.world = world;
-      options.timeout_s = 30;
+      options.timeout_s = timeout_s;
       options.lost_after_s = lost_after_s;
       std::shared_ptr<smb::NodeLink> link;
       const smb::Status s = smb::StartTransportLink(network.Connect(r), options, &link);
@@ -232,7 +235,6 @@ void TestNodeCutOff(bool keep_going) {
   });
 }
 
-
 // 2 nodes x 1 rank, the asynchronous mode's segments (SegmentTable, pushes
 // combined per node): "w" lives on node 1. Node 0 pushes +1 (the value comes
 // back: 1), node 1 is cut off, and node 0 pushes +1 again at once: that push
@@ -310,6 +312,63 @@ void TestPushInFlightToLostNodeCountsOnce() {
   });
 }
 
+// 2 nodes x 2, the asynchronous mode: rank 2 (node 1), the memory server of
+// rank 0's calls to node 1, stalls (its link thread stops, as in a stopped
+// process) with rank 0's update waiting in its queue. Rank 0 finds it lost
+// (4 s of silence) and sends the update again, to rank 3, which applies it to
+// node 1's box. When rank 2 goes on, the update still in its queue must not
+// be applied a second time: it learns it was left behind, and node 1's box
+// took the update once.
+void TestStalledServerAppliesNoStaleUpdate() {
+  std::atomic<int> applied{0};  // updates node 1's box took (ranks 2 and 3 share it)
+  std::atomic<bool> stalled{false}, retried{false}, checked{false};
+  // 4 s, well above Liveness::kStalledS (2 s): a rank excuses the others'
+  // silence once its link thread made no pass for that long (it was
+  // stalled), but judges them before; with 1 s it would count them lost.
+  RunLinks(2, 2, 4, [&](int rank, smb::ThreadNetwork& network, smb::NodeLink& link) {
+    const std::string who = "stalled server: rank " + std::to_string(rank);
+    link.KeepGoingWithoutLostRanks();
+    link.SetSegmentServer([&applied, rank](const smb::SegmentRequest& request, const void*,
+                                           size_t, std::vector<char>*) {
+      if (request.kind == smb::SegmentRequest::Kind::kUpdate && rank >= 2) ++applied;
+      return smb::Status::Ok();
+    });
+    float x = 1;
+    const smb::Status met = link.AllReduceSum(smb::DType::kFloat32, &x, 1, 30);
+    Check(met.ok(), who + ": all-reduce before the stall: " + met.ToString());
+    if (!met.ok()) return;
+    if (rank == 2) {
+      network.Stall(rank);
+      stalled = true;
+      Check(Eventually(20, [&] { return retried.load(); }), who + ": rank 0 sent it again");
+      network.Resume(rank);
+      // Its queue (rank 0's first update, then what tells it it was lost) is
+      // read in order.
+      Check(Eventually(20, [&] { return Contains(link.Failure(), "went on without it"); }),
+            who + " learns it was left behind: " + link.Failure().ToString());
+      Check(applied == 1, "node 1's box took the update " + std::to_string(applied.load()) +
+                              " times: rank 2, stalled while it was queued there, applied it "
+                              "after rank 0 had sent it again to rank 3 (expected once)");
+      checked = true;
+      return;
+    }
+    if (rank == 0) {
+      Check(Eventually(20, [&] { return stalled.load(); }), who + ": rank 2 stalled");
+      const std::vector<float> one(4, 1.0f);
+      const smb::SegmentRequest update = Request(smb::SegmentRequest::Kind::kUpdate, "w");
+      smb::Status s = link.CallSegmentServer(1, update, one.data(), 4 * sizeof(float), nullptr,
+                                             0, 30);
+      Check(s.code() == smb::Code::kAborted && Contains(s, "rank 2 was lost"),
+            who + ": the call to the stalled rank: " + s.ToString());
+      s = link.CallSegmentServer(1, update, one.data(), 4 * sizeof(float), nullptr, 0, 30);
+      Check(s.ok() && applied == 1, who + ": sent again, to rank 3: applied " +
+                                        std::to_string(applied.load()) + ", " + s.ToString());
+      retried = true;
+    }
+    Check(Eventually(30, [&] { return checked.load(); }), who + ": rank 2 checked");
+  }, /*timeout_s=*/5);  // rank 3's exit waits that long for rank 2, which stopped
+}
+
 }  // namespace
 
 int main() {
@@ -324,5 +383,6 @@ int main() {
   timed("node cut off, sync", [] { TestNodeCutOff(/*keep_going=*/false); });
   timed("node cut off, async", [] { TestNodeCutOff(/*keep_going=*/true); });
   timed("push in flight to a lost node", TestPushInFlightToLostNodeCountsOnce);
+  timed("stalled server", TestStalledServerAppliesNoStaleUpdate);
   return smb_test::Report("link_test");
 }

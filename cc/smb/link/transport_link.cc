@@ -41,6 +41,13 @@ constexpr int kTagToRankZero = 20;      // a rank -> rank 0: bytes (SendToRankZe
 // --enable-recovery): by default mpirun ends the whole job when a rank dies.
 constexpr double kHeartbeatS = 0.5;
 
+// Updates and writing creates: served twice (a stale copy and its retry),
+// they would count twice or undo what came between.
+bool ChangesValues(const SegmentRequest& request) {
+  return request.kind == SegmentRequest::Kind::kUpdate ||
+         (request.kind == SegmentRequest::Kind::kCreate && request.write);
+}
+
 std::vector<char> Words(const std::vector<uint64_t>& words) {
   std::vector<char> bytes(words.size() * sizeof(uint64_t));
   if (!words.empty()) std::memcpy(bytes.data(), words.data(), bytes.size());
@@ -228,6 +235,7 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
   std::unique_ptr<Liveness> liveness_;
   std::vector<bool> told_lost_;     // sent kTagDeclaredLost (thread only)
   double next_heartbeat_ = 0;
+  double last_heartbeats_s_ = 0;  // when the thread last sent them (thread only)
   std::atomic<bool> peers_lost_{false};  // a rank is gone: never finish the transport
   std::atomic<bool> keep_going_{false};  // see KeepGoingWithoutLostRanks
   std::string lost_names_;               // "2 (node 1), 3 (node 1)" (mu_)
@@ -326,6 +334,7 @@ void TransportLink::Work(const LinkOptions& options) {
   constexpr double kIdleSleepS = 1e-3, kInFlightSleepS = 50e-6;
   double idle_s = 0;
   double failed_stop_s = -1;  // when the loop, stopping, first saw the job failed
+  last_heartbeats_s_ = MonotonicSeconds();  // the first go out on the first pass
   for (;;) {
     ++passes_;
     bool busy = false;
@@ -414,6 +423,7 @@ void TransportLink::Work(const LinkOptions& options) {
       const double now = MonotonicSeconds();
       if (now >= next_heartbeat_) {
         next_heartbeat_ = now + kHeartbeatS;
+        last_heartbeats_s_ = now;
         // One heartbeat in flight per rank: to a rank that died, each new
         // send would be another failed connect (in Open MPI's TCP transport).
         std::vector<bool> beating(world_, false);
@@ -638,9 +648,14 @@ bool TransportLink::Receive() {
                              "this rank stops");
     // The others count this rank as gone and will not finish the transport
     // with it: MPI_Finalize would wait for them (the exit's whole failed-job
-    // wait).
+    // wait). Its own node's ranks, which never judge it, must not wait for it
+    // at their exit either.
     peers_lost_ = true;
     Fail(failure);
+    for (int local = 0; local < local_size_; ++local) {
+      const int r = JobRank(node_, local);
+      if (r != rank_) Send(r, kTagLeaving, {});
+    }
     return true;
   }
   if (Lost(from)) {
@@ -921,10 +936,24 @@ bool TransportLink::Serve(int from, const std::vector<char>& message) {
   const char* payload = nullptr;
   size_t payload_bytes = 0;
   std::vector<char> data;
-  const Status status =
-      DecodeSegmentRequest(message, &id, &request, &payload, &payload_bytes)
-          ? server(request, payload, payload_bytes, &data)
-          : InvalidArgument("a segment request of " + std::to_string(message.size()) + " bytes");
+  Status status;
+  if (!DecodeSegmentRequest(message, &id, &request, &payload, &payload_bytes)) {
+    status = InvalidArgument("a segment request of " + std::to_string(message.size()) + " bytes");
+  } else if (const double quiet_s = MonotonicSeconds() - last_heartbeats_s_;
+             ChangesValues(request) && quiet_s >= kHeartbeatS + lost_after_s_ / 2) {
+    // This rank said nothing for that long (its process was stopped or
+    // starved, or this thread was held up): the caller may have counted it
+    // lost and sent this again to another rank of this node, which shares
+    // the box. Applying it here too would count it twice; a caller that still
+    // waits asks again (SegmentTable retries kAborted), and gets an answer.
+    status = Status(Code::kAborted,
+                    "rank " + std::to_string(rank_) + " (node " + std::to_string(node_) +
+                        ") sent nothing for " + std::to_string(static_cast<int>(quiet_s)) +
+                        " s, so the caller may have sent this request again elsewhere: not "
+                        "applied, ask again");
+  } else {
+    status = server(request, payload, payload_bytes, &data);
+  }
   std::vector<char> reply = EncodeSegmentReply(id, status, data);
   Send(from, kTagSegmentReply, std::move(reply));
   return true;

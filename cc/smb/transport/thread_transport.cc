@@ -63,7 +63,8 @@ class ThreadTransport : public Transport {
   }
 
   bool Receive(int* from, int* tag, std::vector<char>* bytes) override {
-    std::lock_guard<std::mutex> lock(net_->mu_);
+    std::unique_lock<std::mutex> lock(net_->mu_);
+    net_->resumed_cv_.wait(lock, [&] { return !net_->stalled_[rank_]; });
     std::deque<ThreadNetwork::Message>& inbox = net_->inboxes_[rank_];
     if (inbox.empty() || net_->cut_[rank_]) return false;
     *from = inbox.front().from;
@@ -179,6 +180,7 @@ ThreadNetwork::ThreadNetwork(int nodes, int local_size)
       local_size_(local_size),
       inboxes_(static_cast<size_t>(nodes) * local_size),
       cut_(static_cast<size_t>(nodes) * local_size, false),
+      stalled_(static_cast<size_t>(nodes) * local_size, false),
       rounds_(local_size) {}
 
 std::unique_ptr<Transport> ThreadNetwork::Connect(int rank) {
@@ -189,6 +191,19 @@ void ThreadNetwork::Cut(int rank) {
   std::lock_guard<std::mutex> lock(mu_);
   cut_[rank] = true;
   inboxes_[rank].clear();
+}
+
+void ThreadNetwork::Stall(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stalled_[rank] = true;
+}
+
+void ThreadNetwork::Resume(int rank) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stalled_[rank] = false;
+  }
+  resumed_cv_.notify_all();
 }
 
 }  // namespace smb

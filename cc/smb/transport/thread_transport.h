@@ -35,6 +35,11 @@ class ThreadNetwork {
   // From now on nothing reaches rank `rank` and nothing it sends arrives, as
   // if its node died or was cut off.
   void Cut(int rank);
+  // From Stall until Resume, rank `rank`'s link thread waits in its next
+  // Receive while messages to it queue up, as if its process were stopped
+  // (SIGSTOP) and then continued.
+  void Stall(int rank);
+  void Resume(int rank);
 
   int nodes() const { return nodes_; }
   int local_size() const { return local_size_; }
@@ -62,9 +67,11 @@ class ThreadNetwork {
   const int nodes_, local_size_;
   std::mutex mu_;
   std::condition_variable started_cv_;
+  std::condition_variable resumed_cv_;
   int started_ = 0;
   std::vector<std::deque<Message>> inboxes_;  // by rank
   std::vector<bool> cut_;
+  std::vector<bool> stalled_;
   std::vector<std::map<uint64_t, Round>> rounds_;  // by local rank, then round number
 };
 
