@@ -49,24 +49,82 @@ KERAS_FACING = (
 )
 
 
-# The longest files first (measured on 2 cores): tools/test.sh runs files on two
-# pytest-xdist workers (--dist loadfile), which take them in this order, so the
-# long ones do not end the run alone. Files not named keep their order, after these.
-LONGEST_FIRST = (
-    "test_horovod_peer_3.py", "test_install.py", "test_horovod_examples.py",
-    "test_horovod_peer.py", "test_nodes_async.py", "test_benchmark_nodes_smoke.py",
-    "test_sanitizers.py", "test_nodes_collectives.py", "test_sockets.py", "test_nodes.py",
-    "test_bazel_build.py", "test_benchmark_suite_smoke.py", "test_examples.py",
-    "test_horovod.py", "test_ordering.py", "test_local_replicas.py", "test_mpi_link.py",
-    "test_strategy.py", "test_horovod_api.py", "test_keras_optimizer.py", "test_async.py",
-    "test_nodes_launchers.py", "test_benchmark_async_smoke.py", "test_keras_callbacks.py",
-    "test_core.py", "test_horovod_clipping.py", "test_without_mpi.py",
-    "test_benchmark_epoch_time_smoke.py", "test_timeline.py", "test_benchmark_smoke.py",
+# The two tiers. `bash tools/test.sh` (the README's test command, what CI runs on
+# every change) runs the fast tier; `bash tools/test.sh --full` runs both tiers and
+# the Keras-facing tests on every other tested TensorFlow + Keras pair: the
+# conformance proofs (Horovod's own tests and examples in full, every Keras pair,
+# the longer node counts), run before an issue is called resolved.
+FAST, FULL = "fast", "full"
+
+# Every test file with its tier, longest first (its seconds in the fast tier, measured
+# on 2 cores): tools/test.sh runs files on two pytest-xdist workers (--dist loadfile),
+# which take them in this order, so the long ones do not end the run alone.
+# tests/test_structure.py fails when a test file is missing here.
+TIER_OF_FILE = {
+    # Conformance proofs, whole files (the fast tier keeps a representative of each).
+    "test_horovod_peer_3.py": FULL,  # Horovod's test_tensorflow.py at 3 processes
+    "test_nodes_async.py": FAST,
+    "test_nodes_collectives.py": FAST,
+    "test_nodes.py": FAST,
+    "test_benchmark_nodes_smoke.py": FAST,
+    "test_sanitizers.py": FAST,
+    "test_bazel_build.py": FAST,
+    "test_sockets.py": FAST,
+    "test_keras_optimizer.py": FAST,
+    "test_horovod.py": FAST,
+    "test_strategy.py": FAST,
+    "test_ordering.py": FAST,
+    "test_local_replicas.py": FAST,
+    "test_horovod_examples.py": FAST,
+    "test_install.py": FAST,
+    "test_benchmark_suite_smoke.py": FAST,
+    "test_nodes_launchers.py": FAST,
+    "test_examples.py": FAST,
+    "test_mpi_link.py": FAST,
+    "test_async.py": FAST,
+    "test_horovod_api.py": FAST,
+    "test_keras_callbacks.py": FAST,
+    "test_horovod_peer.py": FAST,
+    "test_core.py": FAST,
+    "test_horovod_clipping.py": FAST,
+    "test_without_mpi.py": FAST,
+    "test_timeline.py": FAST,
+    "test_benchmark_async_smoke.py": FAST,
+    "test_benchmark_epoch_time_smoke.py": FAST,
+    "test_benchmark_local_replicas_smoke.py": FAST,
+    "test_benchmark_smoke.py": FAST,
+    "test_launcher.py": FAST,
+    "test_async_params.py": FAST,
+    "test_iterator_release.py": FAST,
+    "test_structure.py": FAST,
+    "test_layers.py": FAST,
+    "test_keras_hooks.py": FAST,
+    "test_tf_internals.py": FAST,
+    "test_worker_mode.py": FAST,
+    "test_env.py": FAST,
+}
+
+# Tests of fast files that run in --full only, each a conformance proof whose family
+# keeps a representative in the fast tier (named after the test, or after a
+# parametrized case: "file::test[param]").
+FULL_TESTS = (
+    # Horovod's test_tensorflow.py whole (fast: one test per collective, the same file).
+    "test_horovod_peer.py::test_horovods_tensorflow_tests_at_2_processes",
+    # Horovod's other two examples, and all three across nodes (fast: keras_mnist).
+    "test_horovod_examples.py::test_horovod_example_at_2_processes[tensorflow2_mnist.py]",
+    "test_horovod_examples.py::test_horovod_example_at_2_processes"
+    "[tensorflow2_synthetic_benchmark.py]",
+    "test_horovod_examples.py::test_horovod_example_across_nodes",
 )
 
 
+def _full_only(file: str, item) -> bool:
+    return (TIER_OF_FILE.get(file) == FULL or f"{file}::{item.originalname}" in FULL_TESTS
+            or f"{file}::{item.name}" in FULL_TESTS)
+
+
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    rank = {name: i for i, name in enumerate(TIER_OF_FILE)}
     items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))
     for item in items:
         file = os.path.basename(str(item.fspath))
@@ -75,6 +133,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.quick)
         if file in KERAS_FACING or name in KERAS_FACING:
             item.add_marker(pytest.mark.keras)
+        if _full_only(file, item):
+            item.add_marker(pytest.mark.full)
 
 
 @pytest.fixture(scope="module")

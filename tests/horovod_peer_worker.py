@@ -1,6 +1,7 @@
 """One rank of Horovod's own tests run against tf_smb.horovod.
 
-    python tests/horovod_peer_worker.py [--horovod] PEER_DIR TEST_FILE OUT_DIR [pytest args...]
+    python tests/horovod_peer_worker.py [--horovod] [--only=NAME,...] PEER_DIR TEST_FILE OUT_DIR
+                                        [pytest args...]
 
 Runs PEER_DIR/test/parallel/TEST_FILE (Horovod 0.28.1's tests, unmodified) with
 pytest, writing OUT_DIR/rank<R>.xml (JUnit). Adaptations, made at run time
@@ -14,7 +15,8 @@ because the files may not be edited:
   * `mock` is unittest.mock and `cloudpickle` falls back to pickle when the
     packages are absent (common.py imports them; the tests run here use neither).
 With --horovod the tests run on the installed Horovod itself (only the last
-adaptation is made): the same tests, side by side.
+adaptation is made): the same tests, side by side. --only runs the tests of
+exactly these names (pytest's -k matches parts of names).
 """
 import os
 import sys
@@ -73,9 +75,25 @@ def shim_test_helpers():
         sys.modules["cloudpickle"] = pickle
 
 
+class OnlyTheseTests:
+    """A pytest plugin that keeps the tests of exactly these names."""
+
+    def __init__(self, names):
+        self.names = set(names)
+
+    def pytest_collection_modifyitems(self, config, items):
+        kept = [item for item in items if item.originalname in self.names]
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
+
+
 def main(argv):
     real_horovod = argv[1:2] == ["--horovod"]
     if real_horovod:
+        argv = argv[:1] + argv[2:]
+    plugins = []
+    if argv[1].startswith("--only="):
+        plugins.append(OnlyTheseTests(argv[1][len("--only="):].split(",")))
         argv = argv[:1] + argv[2:]
     peer_dir, test_file, out_dir = argv[1:4]
     rank = os.environ.get("TF_SMB_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
@@ -88,7 +106,7 @@ def main(argv):
     code = pytest.main([os.path.join(peer_dir, "test", "parallel", test_file),
                         "-p", "no:cacheprovider", "-q", "-rN", "--no-header",
                         f"--junitxml={os.path.join(out_dir, f'rank{rank}.xml')}",
-                        *argv[4:]])
+                        *argv[4:]], plugins=plugins)
     # Failed tests are the caller's to count; only a run that could not start fails.
     return 0 if code in (0, 1) else int(code)
 

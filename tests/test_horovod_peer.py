@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 import xml.etree.ElementTree as ElementTree
-from typing import Dict
+from typing import Dict, Sequence
 
 import pytest
 
@@ -107,13 +107,16 @@ KERAS_NOT_PASSING = {
 }
 
 
-def _run_peer(test_file: str, *pytest_args: str, processes: int = 2) -> list:
-    """Each rank's outcomes of Horovod's `test_file` under mpirun."""
+def _run_peer(test_file: str, *pytest_args: str, processes: int = 2,
+              only: Sequence[str] = ()) -> list:
+    """Each rank's outcomes of Horovod's `test_file` under mpirun (of the tests
+    named `only`, when given)."""
     with tempfile.TemporaryDirectory() as out:
+        selection = [f"--only={','.join(only)}"] if only else []
         argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(processes),
                 "-x", "TF_SMB_TIMEOUT", *harness.python(),
-                os.path.join(harness.REPO, "tests", "horovod_peer_worker.py"), PEER,
-                test_file, out, *pytest_args]
+                os.path.join(harness.REPO, "tests", "horovod_peer_worker.py"), *selection,
+                PEER, test_file, out, *pytest_args]
         env = {k: v for k, v in harness.base_env({"TF_SMB_TIMEOUT": "60"}).items()
                if k not in harness.env_lib.LAUNCHER_VARS}
         # Minutes on a loaded 2-core machine (15 at 3 processes seen on a slow one).
@@ -141,6 +144,39 @@ def check_tensorflow_tests(processes: int, expected_not_passing: Dict[str, str])
         assert set(not_passing) == set(expected_not_passing), (
             f"rank {r}: tests listed as not passing now pass: "
             f"{sorted(set(expected_not_passing) - set(not_passing))}; update the list")
+
+
+# The fast tier's representative of test_tensorflow.py (the whole file runs in
+# --full, at 2 and 3 processes): a test of each collective, its gradient, its
+# grouped form and its errors, scaling, compression and the object calls.
+ONE_PER_COLLECTIVE = (
+    "test_horovod_rank", "test_horovod_size_op",
+    "test_horovod_allreduce_cpu", "test_horovod_allreduce_average_cpu",
+    "test_horovod_allreduce_min_cpu", "test_horovod_allreduce_product_cpu",
+    "test_horovod_allreduce_cpu_prescale", "test_horovod_allreduce_indexed_slices_cpu",
+    "test_horovod_allreduce_error", "test_horovod_allreduce_grad_cpu",
+    "test_horovod_grouped_allreduce_cpu", "test_horovod_grouped_allreduce_grad_cpu",
+    "test_horovod_allgather_variable_size_cpu", "test_horovod_allgather_error",
+    "test_horovod_allgather_grad_cpu", "test_horovod_grouped_allgather_grad_cpu",
+    "test_horovod_broadcast_cpu", "test_horovod_broadcast_rank_error",
+    "test_horovod_broadcast_grad_cpu",
+    "test_horovod_alltoall_cpu", "test_horovod_alltoall_splits_error",
+    "test_horovod_alltoall_grad_cpu",
+    "test_horovod_reducescatter_cpu_uneven", "test_horovod_reducescatter_error",
+    "test_horovod_reducescatter_grad_cpu", "test_horovod_grouped_reducescatter_cpu",
+    "test_compression_fp16", "test_broadcast_object", "test_allgather_object",
+    "test_elastic_state",
+)
+
+
+@needs_peer
+def test_horovods_tests_of_every_collective_at_2_processes():
+    ranks = _run_peer("test_tensorflow.py", processes=2, only=ONE_PER_COLLECTIVE)
+    for r, outcomes in enumerate(ranks):
+        assert set(outcomes) == set(ONE_PER_COLLECTIVE), (
+            f"rank {r} ran {sorted(outcomes)}, expected {sorted(ONE_PER_COLLECTIVE)}")
+        not_passing = {n: s for n, s in outcomes.items() if s != "passed"}
+        assert not not_passing, f"rank {r}: {not_passing}"
 
 
 @needs_peer

@@ -2,8 +2,10 @@
 worker: the collectives interface, box segment names, which variable updates
 update="sgd" applies in the box, the error when workers disagree, options of
 HorovodStrategy, the import error without TensorFlow, and the docs' length."""
+import ast
 import inspect
 import os
+import re
 import subprocess
 
 import pytest
@@ -199,3 +201,69 @@ def test_readme_and_examples_stay_within_their_length():
             with open(os.path.join(examples, name)) as f:
                 lines = len(f.readlines())
             assert lines <= 250, f"examples/{name} has {lines} lines, at most 250"
+
+
+# ---- the test tiers (tests/conftest.py) -------------------------------------------
+
+def tier_problems(tests_dir: str, tier_of_file: dict, named: dict) -> list:
+    """What is wrong with the tier declarations: a test file in no tier (or a declared
+    file that is gone), and a name in a selection list (`named`: list name -> names
+    "file" or "file::test" or "file::test[case]") that names no test."""
+    files = {f for f in os.listdir(tests_dir) if f.startswith("test_") and f.endswith(".py")}
+    problems = [f"{f} is in no tier: add it to TIER_OF_FILE" for f in sorted(files - set(tier_of_file))]
+    problems += [f"TIER_OF_FILE names {f}, which is not in tests/" for f in sorted(set(tier_of_file) - files)]
+    problems += [f"{f}'s tier is {t!r}, not fast or full" for f, t in tier_of_file.items()
+                 if t not in ("fast", "full")]
+    for list_name, names in named.items():
+        for name in names:
+            file, _, test = name.partition("::")
+            if file not in files:
+                problems.append(f"{list_name}: {name}: no file {file}")
+                continue
+            if not test:
+                continue
+            function, _, case = test.partition("[")
+            with open(os.path.join(tests_dir, file)) as f:
+                source = f.read()
+            defined = {node.name for node in ast.walk(ast.parse(source))
+                       if isinstance(node, ast.FunctionDef)}
+            if function not in defined or (case and case.rstrip("]") not in source):
+                problems.append(f"{list_name}: {name} names no test of {file}")
+    return problems
+
+
+def test_every_test_file_has_a_tier_and_every_listed_test_exists():
+    import conftest
+    tests_dir = os.path.dirname(os.path.abspath(conftest.__file__))
+    named = {"FULL_TESTS": conftest.FULL_TESTS, "QUICK": conftest.QUICK,
+             "KERAS_FACING": conftest.KERAS_FACING}
+    assert tier_problems(tests_dir, conftest.TIER_OF_FILE, named) == []
+    # A test moved to --full leaves its file in the fast tier, with a test there
+    # that is not moved (a representative of the same proof).
+    for name in conftest.FULL_TESTS:
+        file = name.split("::")[0]
+        assert conftest.TIER_OF_FILE[file] == "fast", f"{name}: its whole file is full already"
+        moved = {n.split("::")[1] for n in conftest.FULL_TESTS if n.startswith(file + "::")}
+        with open(os.path.join(tests_dir, file)) as f:
+            tests = set(re.findall(r"^def (test_\w+)\(", f.read(), flags=re.MULTILINE))
+        assert tests - moved, f"every test of {file} is in --full: the fast tier has none"
+
+
+def test_tier_check_finds_what_it_must(tmp_path):
+    (tmp_path / "test_a.py").write_text("import pytest\n\n"
+                                        "@pytest.mark.parametrize('x', ['one'])\n"
+                                        "def test_one(x):\n    pass\n")
+    (tmp_path / "test_b.py").write_text("def test_two():\n    pass\n")
+    good = {"L": ["test_a.py::test_one[one]", "test_b.py", "test_b.py::test_two"]}
+    assert tier_problems(str(tmp_path), {"test_a.py": "fast", "test_b.py": "full"}, good) == []
+    problems = tier_problems(
+        str(tmp_path), {"test_a.py": "fast", "test_gone.py": "full"},
+        {"L": ["test_a.py::test_one[two]", "test_a.py::test_three", "test_c.py"]})
+    assert problems == [
+        "test_b.py is in no tier: add it to TIER_OF_FILE",
+        "TIER_OF_FILE names test_gone.py, which is not in tests/",
+        "L: test_a.py::test_one[two] names no test of test_a.py",
+        "L: test_a.py::test_three names no test of test_a.py",
+        "L: test_c.py: no file test_c.py"], problems
+    assert tier_problems(str(tmp_path), {"test_a.py": "fast", "test_b.py": "nightly"}, {}) == [
+        "test_b.py's tier is 'nightly', not fast or full"]

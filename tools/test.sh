@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Installs what the tests need and runs the whole suite (what CI runs).
-#   bash tools/test.sh            # everything
-#   bash tools/test.sh --quick    # the quick tier (tests/conftest.py's QUICK), ~5 minutes
+# Installs what the tests need and runs them (tests/conftest.py declares the tiers).
+#   bash tools/test.sh            # the fast tier: what CI runs on every change (~15 minutes)
+#   bash tools/test.sh --full     # both tiers, then the Keras-facing tests on every other
+#                                 # tested pair: the conformance proofs (~50 minutes); run it
+#                                 # before calling an issue resolved
+#   bash tools/test.sh --quick    # the quick tier (tests/conftest.py's QUICK), ~3 minutes
 #   bash tools/test.sh --keras PAIR   # the Keras-facing tests on one tested TensorFlow +
 #                                     # Keras pair (tools/keras_venv.sh: tf2.16, tf2.19, next)
 #   bash tools/test.sh --keras-next   # the canary: the same on the newest keras-nightly
-#   bash tools/test.sh ARGS...    # extra pytest arguments (e.g. -k NAME, tests/test_x.py)
-# The whole suite (no option) ends with the Keras-facing tests on every other tested
-# pair; TF_SMB_KERAS_PAIRS="" leaves them out.
+#   bash tools/test.sh [--full] ARGS...  # extra pytest arguments within the tier
+#                                        # (e.g. -k NAME, tests/test_x.py)
+# TF_SMB_KERAS_PAIRS="" leaves the other pairs out of --full.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-select=()
+select=(-m "not full")
 pair=""
+full=0
 case "${1:-}" in
+  --full) shift; select=(); full=1 ;;
   --quick) shift; select=(-m quick) ;;
   --keras) pair=${2:?"--keras needs a pair (see tools/keras_venv.sh)"}; shift 2 ;;
   --keras-next) shift; pair=newest ;;
@@ -40,17 +45,18 @@ start=$(date +%s)
   "${select[@]}" tests "$@"
 rc=$?
 echo "tools/test.sh: the tests took $(( $(date +%s) - start )) s" >&2
-if [ -z "$pair" ] && [ ${#select[@]} -eq 0 ] && [ $# -eq 0 ]; then
+# pytest exits 5 when it collected no tests: say so and fail loudly.
+if [ "$rc" -eq 5 ]; then
+  echo "tools/test.sh: pytest selected no tests (a test of the full tier needs --full)" >&2
+  rc=1
+fi
+if [ "$full" = 1 ] && [ $# -eq 0 ]; then
   for other in ${TF_SMB_KERAS_PAIRS-tf2.16 tf2.19 next}; do
     echo "tools/test.sh: the Keras-facing tests on $other" >&2
     TF_SMB_INSTALLED=1 bash tools/test.sh --keras "$other"
     pair_rc=$?
     [ "$rc" -eq 0 ] && rc=$pair_rc
   done
-fi
-# pytest exits 5 when it collected no tests: say so and fail loudly.
-if [ "$rc" -eq 5 ]; then
-  echo "tools/test.sh: pytest collected no tests" >&2
-  exit 1
+  echo "tools/test.sh: --full took $(( $(date +%s) - start )) s" >&2
 fi
 exit "$rc"
