@@ -10,7 +10,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-# The quick tier (`bash tools/test.sh --quick`, about 5 minutes), for the inner loop:
+# The quick tier (`bash tools/test.sh --quick`, under 3 minutes), for the inner loop:
 # the core and its ops, 2-worker equivalence, one Keras path, one async path, and
 # the structure checks. A file alone takes all its tests.
 QUICK = (

@@ -6,7 +6,7 @@
 # horovod/tensorflow/xla_mpi_ops.cc includes a header TF 2.21 no longer has.
 # That file only serves XLA/GPU, so a CPU build leaves it out. CMake 4 refuses
 # Gloo's old cmake_minimum_required; CMAKE_POLICY_VERSION_MINIMUM=3.5 lets it
-# configure. The build takes ~15 minutes on 2 cores, so the wheel is cached
+# configure. The build takes 3-4 minutes on 2 cores, so the wheel is cached
 # outside the repository ($TF_SMB_CACHE, default ~/.cache/tf_smb) and reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +37,7 @@ wheel=$(ls "$wheel_dir"/horovod-*.whl 2>/dev/null | head -n 1 || true)
 
 if [ -z "$wheel" ]; then
   echo "tools/install_horovod.sh: building Horovod $HVD_VERSION for TensorFlow $tf_version" \
-       "(about 15 minutes on 2 cores; cached in $wheel_dir for next time)" >&2
+       "(3-4 minutes on 2 cores; cached in $wheel_dir for next time)" >&2
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HVD_VERSION" -d "$work"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs what the tests need and runs them (tests/conftest.py declares the tiers).
-#   bash tools/test.sh            # the fast tier: what CI runs on every change (~15 minutes)
+#   bash tools/test.sh            # the fast tier: what CI runs on every change (~14.5 minutes)
 #   bash tools/test.sh --full     # both tiers, then the Keras-facing tests on every other
-#                                 # tested pair: the conformance proofs (~50 minutes); run it
+#                                 # tested pair: the conformance proofs (~35 minutes); run it
 #                                 # before calling an issue resolved
-#   bash tools/test.sh --quick    # the quick tier (tests/conftest.py's QUICK), ~3 minutes
+#   bash tools/test.sh --quick    # the quick tier (tests/conftest.py's QUICK), under 3 minutes
 #   bash tools/test.sh --keras PAIR   # the Keras-facing tests on one tested TensorFlow +
 #                                     # Keras pair (tools/keras_venv.sh: tf2.16, tf2.19, next)
 #   bash tools/test.sh --keras-next   # the canary: the same on the newest keras-nightly
