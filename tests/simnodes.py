@@ -1,9 +1,13 @@
 """Simulated nodes on one machine, for cross-node tests (DESIGN.md §6).
 
-Each node has its own network namespace (the two are joined by a veth pair with
-addresses of one private /24, reachable from nowhere else), its own mount
-namespace with a private tmpfs on /dev/shm, its own hostname and its own IPC
-namespace. A long-lived holder process (`sleep infinity`) keeps a node's
+Each node has its own network namespace, its own mount namespace with a private
+tmpfs on /dev/shm (and on /tmp with `private_tmp`), its own hostname (listed with
+the others in its own /etc/hosts) and its own IPC namespace. The nodes (2 to 8)
+are joined by a Linux bridge in a network namespace of its own (the "switch"):
+each node's interface SIMNET_DEV (the same name on every node, as on a real
+cluster) is one end of a veth pair whose other end is a port of the bridge;
+addresses of one private /24, reachable from nowhere else. Nothing is added to
+the host's namespace. Each node's link can be shaped (`shape_link`). A long-lived holder process (`sleep infinity`) keeps a node's
 namespaces; a command enters them with `nsenter -t HOLDER`. Open MPI's mpirun
 runs inside node 0 and starts its daemon on the other node through
 tests/simnodes_agent.sh, an ssh stand-in. There is no PID namespace: a rank's
@@ -35,6 +39,8 @@ import preload
 HERE = os.path.dirname(os.path.abspath(__file__))
 AGENT = os.path.join(HERE, "simnodes_agent.sh")
 SUBNET = "10.231.7"  # node i has SUBNET.(i+1)/24
+SIMNET_DEV = "simeth0"  # each node's interface (its own namespace: one name for all)
+MAX_NODES = 8
 # Variables every rank gets from mpirun (-x), besides those a launch passes.
 FORWARD = ("PATH", "HOME", "PYTHONPATH", "PYTHONUNBUFFERED", "TF_CPP_MIN_LOG_LEVEL",
            "LD_LIBRARY_PATH")
@@ -192,25 +198,37 @@ def _read_lines(stream, lines: List[str]) -> None:
 
 
 class SimulatedNodes:
-    """Context manager: `nodes` simulated nodes (only 2: one veth pair joins them).
+    """Context manager: `nodes` simulated nodes (2 to 8) on one bridge.
 
+    workers: how many workers each node runs by default (an int for every node,
+    or one count per node, e.g. [2, 1]): the hostfile's slots of `mpirun`,
+    `launch_workers`' layout. private_tmp: each node gets its own /tmp (Slurm's
+    PMIx needs one; results then go through a shared folder elsewhere).
     Names carry this process's id, so parallel test runs do not collide.
     Raises NodesUnavailable on entry when the machine cannot make them.
     """
 
     _made = 0  # instances so far in this process: part of their names
 
-    def __init__(self, nodes: int = 2, subnet: str = SUBNET):
-        if nodes != 2:
-            raise ValueError("SimulatedNodes joins exactly 2 nodes (one veth pair)")
+    def __init__(self, nodes: int = 2, workers: "int | Sequence[int]" = 1,
+                 subnet: str = SUBNET, private_tmp: bool = False):
+        if not 2 <= nodes <= MAX_NODES:
+            raise ValueError(f"SimulatedNodes makes 2 to {MAX_NODES} nodes, got {nodes}")
+        self.workers = [workers] * nodes if isinstance(workers, int) else list(workers)
+        if len(self.workers) != nodes or min(self.workers) < 1:
+            raise ValueError(f"workers must be a count >= 1 for each of the {nodes} nodes, "
+                             f"got {workers!r}")
         SimulatedNodes._made += 1
         tag = f"{os.getpid()}{chr(ord('a') + SimulatedNodes._made % 26)}"
         self.count = nodes
+        self.private_tmp = private_tmp
         self.netns = [f"smbsim{tag}n{i}" for i in range(nodes)]
+        self.switch = f"smbsim{tag}sw"  # the bridge's namespace
         self.hostnames = [f"simnode{i}-{tag}" for i in range(nodes)]
         self.addresses = [f"{subnet}.{i + 1}" for i in range(nodes)]
         self.cidr = f"{subnet}.0/24"
-        self.veth = [f"smb{tag}v{i}" for i in range(nodes)]
+        self.veth = [SIMNET_DEV] * nodes  # each node's end, in its namespace
+        self.ports = [f"port{i}" for i in range(nodes)]  # the bridge's ends, in the switch
         self.holders: List[subprocess.Popen] = []
         self.holder_pids: List[int] = []
         self.dir = ""
@@ -238,14 +256,21 @@ class SimulatedNodes:
                 raise NodesUnavailable(f"`{tool}` is not installed (needed for simulated nodes)")
         reap_stale()
         self.dir = tempfile.mkdtemp(prefix=f"simnodes-{os.getpid()}-")
-        for ns in self.netns:
+        _setup_cmd(["ip", "netns", "add", self.switch])
+        _setup_cmd(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
+        _setup_cmd(["ip", "-n", self.switch, "link", "set", "br0", "up"])
+        for ns, port, dev, addr in zip(self.netns, self.ports, self.veth, self.addresses):
             _setup_cmd(["ip", "netns", "add", ns])
             _setup_cmd(["ip", "-n", ns, "link", "set", "lo", "up"])
-        _setup_cmd(["ip", "link", "add", self.veth[0], "netns", self.netns[0], "type", "veth",
-                    "peer", "name", self.veth[1], "netns", self.netns[1]])
-        for ns, dev, addr in zip(self.netns, self.veth, self.addresses):
+            _setup_cmd(["ip", "-n", self.switch, "link", "add", port, "type", "veth",
+                        "peer", "name", dev, "netns", ns])
+            _setup_cmd(["ip", "-n", self.switch, "link", "set", port, "master", "br0"])
+            _setup_cmd(["ip", "-n", self.switch, "link", "set", port, "up"])
             _setup_cmd(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev])
             _setup_cmd(["ip", "-n", ns, "link", "set", dev, "up"])
+        with open(os.path.join(self.dir, "hosts"), "w") as f:
+            f.write("127.0.0.1 localhost\n")
+            f.writelines(f"{a} {h}\n" for a, h in zip(self.addresses, self.hostnames))
         for ns, host in zip(self.netns, self.hostnames):
             self._start_holder(ns, host)
         self._netns_links = [os.readlink(f"/proc/{p}/ns/net") for p in self.holder_pids]
@@ -254,7 +279,10 @@ class SimulatedNodes:
                          zip(self.addresses, self.hostnames, self.holder_pids))
 
     def _start_holder(self, ns: str, hostname: str) -> None:
-        script = (f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname {hostname} "
+        hosts = os.path.join(self.dir, "hosts")
+        tmp = "mount -t tmpfs -o mode=1777 tmpfs /tmp && " if self.private_tmp else ""
+        script = (f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm && {tmp}"
+                  f"mount --bind {hosts} /etc/hosts && hostname {hostname} "
                   "&& echo ready $$ && exec sleep infinity")
         argv = ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--ipc",
                 "--propagation", "private", "sh", "-c", script]
@@ -281,7 +309,7 @@ class SimulatedNodes:
                 pass
         existing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                                   timeout=30).stdout if shutil.which("ip") else ""
-        for ns in self.netns:
+        for ns in [*self.netns, self.switch]:
             if re.search(rf"^{ns}\b", existing, re.M):
                 subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
         if self.dir:
@@ -387,6 +415,29 @@ class SimulatedNodes:
                     pass
         return killed
 
+    # --- the links ------------------------------------------------------------
+
+    def shape_link(self, node: int, rate: Optional[str], burst: str = "1mb",
+                   latency: str = "1ms") -> None:
+        """Shapes node `node`'s link to `rate` (tc's units, e.g. "1gbit") both
+        ways: a token bucket on the node's interface (what it sends) and on its
+        bridge port (what it receives). None: unshaped again."""
+        for ns, dev in ((self.netns[node], self.veth[node]), (self.switch, self.ports[node])):
+            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
+                           capture_output=True, timeout=30)  # fails when there is none
+            if rate is not None:
+                _setup_cmd(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root",
+                            "tbf", "rate", rate, "burst", burst, "latency", latency])
+
+    def bytes_sent(self, node: int) -> int:
+        """Bytes node `node` has sent on its link so far (its interface's counter)."""
+        with open(f"/proc/{self.holder_pids[node]}/net/dev") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name.strip() == self.veth[node]:
+                    return int(rest.split()[8])
+        raise RuntimeError(f"node {node} has no interface {self.veth[node]}")
+
     # --- running commands ---------------------------------------------------
 
     def start(self, node: int, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
@@ -407,14 +458,30 @@ class SimulatedNodes:
         """Runs `argv` inside node `node` and waits for it (see Running.wait)."""
         return self.start(node, argv, env, cwd).wait(timeout)
 
-    def mpirun_argv(self, np_: int, per_node: int, argv: Sequence[str],
-                    forward: Sequence[str] = (), extra_mca: Sequence[Tuple[str, str]] = ()
-                    ) -> List[str]:
-        """`mpirun` across the nodes, `per_node` slots each, ranks filling node 0
-        first; forwards the `forward` variables to every rank (-x)."""
-        hostfile = os.path.join(self.dir, f"hostfile{per_node}")
-        with open(hostfile, "w") as f:
-            f.writelines(f"{a} slots={per_node}\n" for a in self.addresses)
+    def layout(self, per_node: "Optional[int | Sequence[int]]" = None) -> List[int]:
+        """Workers on each node: `per_node` (one count for all, or one per node),
+        else what the nodes were made with."""
+        if per_node is None:
+            return list(self.workers)
+        counts = [per_node] * self.count if isinstance(per_node, int) else list(per_node)
+        if len(counts) != self.count:
+            raise ValueError(f"{len(counts)} worker counts for {self.count} nodes: {counts}")
+        return counts
+
+    def hostfile(self, per_node: "Optional[int | Sequence[int]]" = None) -> str:
+        """A hostfile giving each node its slots (see layout)."""
+        counts = self.layout(per_node)
+        path = os.path.join(self.dir, "hostfile-" + "-".join(map(str, counts)))
+        with open(path, "w") as f:
+            f.writelines(f"{a} slots={n}\n" for a, n in zip(self.addresses, counts))
+        return path
+
+    def mpirun_argv(self, np_: int, per_node: "Optional[int | Sequence[int]]",
+                    argv: Sequence[str], forward: Sequence[str] = (),
+                    extra_mca: Sequence[Tuple[str, str]] = ()) -> List[str]:
+        """`mpirun` across the nodes, `per_node` slots each (see layout), ranks
+        filling node 0 first; forwards the `forward` variables to every rank (-x)."""
+        hostfile = self.hostfile(per_node)
         mca = [("plm_rsh_agent", f"{AGENT} {self.agent_map}"),
                ("btl", "tcp,self,vader"), ("btl_tcp_if_include", self.cidr),
                ("oob_tcp_if_include", self.cidr), ("mpi_yield_when_idle", "1"),
@@ -431,7 +498,7 @@ class SimulatedNodes:
             out += ["-x", name]
         return out + list(argv)
 
-    def start_mpirun(self, np_: int, per_node: int, argv: Sequence[str],
+    def start_mpirun(self, np_: int, per_node: "Optional[int | Sequence[int]]", argv: Sequence[str],
                      env: Optional[Mapping[str, str]] = None,
                      extra_mca: Sequence[Tuple[str, str]] = (),
                      cwd: Optional[str] = None) -> Running:
@@ -446,7 +513,7 @@ class SimulatedNodes:
         return self.start(0, self.mpirun_argv(np_, per_node, argv, forward, extra_mca), e,
                           cwd=cwd, owns_nodes=True, drain=True)
 
-    def mpirun(self, np_: int, per_node: int, argv: Sequence[str], timeout: float,
+    def mpirun(self, np_: int, per_node: "Optional[int | Sequence[int]]", argv: Sequence[str], timeout: float,
                env: Optional[Mapping[str, str]] = None,
                extra_mca: Sequence[Tuple[str, str]] = (),
                cwd: Optional[str] = None) -> Launch:
@@ -460,7 +527,7 @@ def reap_stale() -> List[str]:
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                             timeout=30).stdout
     reaped = []
-    for ns, pid in re.findall(r"^(smbsim(\d+)[a-z]n\d+)\b", listed, re.M):
+    for ns, pid in re.findall(r"^(smbsim(\d+)[a-z](?:n\d+|sw))\b", listed, re.M):
         if os.path.exists(f"/proc/{pid}"):
             continue
         pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
@@ -481,15 +548,16 @@ def reap_stale() -> List[str]:
     return reaped
 
 
-def launch_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], timeout: float,
+def launch_workers(nodes: SimulatedNodes, per_node: "Optional[int | Sequence[int]]", args: Sequence[str], timeout: float,
                    result_dir: str, env: Optional[Mapping[str, str]] = None,
                    preload: bool = True) -> Tuple[Launch, List[dict]]:
     """Runs `python args... --result_dir DIR` on per_node ranks of every node
+    (an int, one count per node, or None: the nodes' own layout)
     (like harness.run_mpirun); the launch (for the ranks' output) and each rank's
     result file, by rank. Fails naming every rank without a result (every rank
     when mpirun failed though all wrote one), with its output. `preload=False`:
     plain interpreters, not the nodes' preload servers."""
-    np_ = per_node * nodes.count
+    np_ = sum(nodes.layout(per_node))
     python = nodes.python() if preload else [sys.executable]
     launch = nodes.mpirun(np_, per_node, [*python, *args, "--result_dir", result_dir],
                           timeout, {**nodes.preload_env(python), **(env or {})})
@@ -506,7 +574,7 @@ def launch_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], ti
     return launch, results
 
 
-def run_workers(nodes: SimulatedNodes, per_node: int, args: Sequence[str], timeout: float,
+def run_workers(nodes: SimulatedNodes, per_node: "Optional[int | Sequence[int]]", args: Sequence[str], timeout: float,
                 result_dir: str, env: Optional[Mapping[str, str]] = None,
                 preload: bool = True) -> List[dict]:
     """launch_workers' results alone."""

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from harness import WORKERS, max_diff, run_single
+import simnodes
 from simnodes import (NodesTimeout, SimulatedNodes, describe_failure, rank_output, rank_outputs,
                       run_workers, tagged_streams)
 
@@ -89,6 +90,41 @@ def test_smoke_ranks_span_two_nodes_with_private_shm(nodes, tmp_path, monkeypatc
     assert seconds < 60, f"a trivial launch took {seconds:.0f}s"
 
 
+def test_smoke_three_uneven_nodes_on_one_bridge_each_reach_the_others(tmp_path):
+    """3 nodes with 2, 1 and 3 slots (an uneven allocation) on one bridge in a
+    namespace of its own: ranks fill the nodes in order, each node resolves the
+    others' names, and the host's namespace gains no interface."""
+    before = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True,
+                            timeout=30).stdout.count("\n")
+    sim = simnodes.open_or_skip(nodes=3, workers=[2, 1, 3])
+    try:
+        after = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True,
+                               timeout=30).stdout.count("\n")
+        assert after == before, "the simulated nodes added an interface to the host"
+        for node in range(3):
+            for other in range(3):
+                ping = sim.run(node, ["getent", "hosts", sim.hostnames[other]], timeout=30)
+                assert ping.stdout.split()[:1] == [sim.addresses[other]], ping
+        results = run_workers(sim, None, ["-c", PROBE], timeout=120, result_dir=str(tmp_path),
+                              env={"MARKER": "none", "SIMNODES_PROBE": "yes"})
+        hosts = [r["host"] for r in results]
+        assert hosts == [sim.hostnames[0]] * 2 + [sim.hostnames[1]] + [sim.hostnames[2]] * 3
+        assert [r["local_size"] for r in results] == [2, 2, 1, 3, 3, 3], results
+        assert len({r["shm_dev"] for r in results}) == 3, "nodes share /dev/shm"
+        sim.shape_link(1, "100mbit")
+        shaped = [sim.run(1, ["tc", "qdisc", "show", "dev", sim.veth[1]], timeout=30).stdout,
+                  subprocess.run(["ip", "netns", "exec", sim.switch, "tc", "qdisc", "show", "dev",
+                                  sim.ports[1]], capture_output=True, text=True,
+                                 timeout=30).stdout]
+        assert all("tbf" in q and "100Mbit" in q for q in shaped), shaped
+        sent = sim.bytes_sent(1)
+        assert sim.run(1, ["ping", "-c", "2", "-i", "0.2", sim.addresses[2]],
+                       timeout=30).returncode in (0, 127)  # 127: no ping here
+        assert sim.bytes_sent(1) >= sent
+    finally:
+        sim.close()
+
+
 LISTEN = r"""
 import socket, sys
 s = socket.socket()
@@ -135,14 +171,14 @@ def test_smoke_teardown_leaves_nothing_even_after_a_timeout():
                 sim.mpirun(4, 2, ["sleep", "600"], timeout=3)
             assert time.monotonic() - start < 30
             assert sim.processes() == []  # mpirun, orted and every rank were killed
-            names, holders, folder = sim.netns, sim.holder_pids, sim.dir
+            names, holders, folder = [*sim.netns, sim.switch], sim.holder_pids, sim.dir
             raise RuntimeError("boom")  # leaving on an error tears down too
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                            timeout=30).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True,
                            timeout=30).stdout
     assert not [n for n in names if n in netns], netns
-    assert not [v for v in sim.veth if v in links], links
+    assert not [v for v in {*sim.veth, *sim.ports} if v in links], links
     assert not [p for p in holders if os.path.exists(f"/proc/{p}")]
     assert not os.path.exists(folder)
 
