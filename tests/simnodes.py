@@ -281,8 +281,10 @@ class SimulatedNodes:
     def _start_holder(self, ns: str, hostname: str) -> None:
         hosts = os.path.join(self.dir, "hosts")
         tmp = "mount -t tmpfs -o mode=1777 tmpfs /tmp && " if self.private_tmp else ""
-        script = (f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm && {tmp}"
-                  f"mount --bind {hosts} /etc/hosts && hostname {hostname} "
+        # /etc/hosts first: its source is under the machine's /tmp, which a
+        # private /tmp would hide.
+        script = (f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm && "
+                  f"mount --bind {hosts} /etc/hosts && {tmp}hostname {hostname} "
                   "&& echo ready $$ && exec sleep infinity")
         argv = ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--ipc",
                 "--propagation", "private", "sh", "-c", script]
