@@ -461,13 +461,14 @@ class SimulatedNodes:
         return self.start(node, argv, env, cwd).wait(timeout)
 
     def layout(self, per_node: "Optional[int | Sequence[int]]" = None) -> List[int]:
-        """Workers on each node: `per_node` (one count for all, or one per node),
-        else what the nodes were made with."""
+        """Workers on each node: `per_node` (one count for all, or one per node,
+        0 leaving a node out of the job), else what the nodes were made with."""
         if per_node is None:
             return list(self.workers)
         counts = [per_node] * self.count if isinstance(per_node, int) else list(per_node)
-        if len(counts) != self.count:
-            raise ValueError(f"{len(counts)} worker counts for {self.count} nodes: {counts}")
+        if len(counts) != self.count or min(counts) < 0 or sum(counts) < 1:
+            raise ValueError(f"expected a worker count >= 0 for each of the {self.count} "
+                             f"nodes, got {counts}")
         return counts
 
     def hostfile(self, per_node: "Optional[int | Sequence[int]]" = None) -> str:
@@ -475,7 +476,8 @@ class SimulatedNodes:
         counts = self.layout(per_node)
         path = os.path.join(self.dir, "hostfile-" + "-".join(map(str, counts)))
         with open(path, "w") as f:
-            f.writelines(f"{a} slots={n}\n" for a, n in zip(self.addresses, counts))
+            # (A node given no workers is left out: the job runs on the others.)
+            f.writelines(f"{a} slots={n}\n" for a, n in zip(self.addresses, counts) if n)
         return path
 
     def mpirun_argv(self, np_: int, per_node: "Optional[int | Sequence[int]]",

@@ -297,7 +297,36 @@ Status Group::AgreeHere(const std::string& op, const std::string& desc, Status* 
   return Status::Ok();
 }
 
+Status Group::Relay(const Status& outcome, std::string* text, uint32_t* flag) {
+  if (world_ <= link_->streams()) return outcome;  // every rank here took part
+  GroupControl::RelaySlot& slot = control()->relay[relays_++ & 1];
+  if (rank_ == 0) {
+    const std::string said = outcome.ok() ? (text != nullptr ? *text : "") : outcome.message();
+    slot.code = static_cast<int32_t>(outcome.code());
+    slot.flag = flag != nullptr ? *flag : 0;
+    slot.len = static_cast<uint32_t>(std::min(said.size(), sizeof slot.text));
+    std::memcpy(slot.text, said.data(), slot.len);
+  }
+  // (Rank 0 writes before it arrives, the others read after all arrived; the
+  // slot is written again two relays on, after a barrier they all passed.)
+  SMB_RETURN_IF_ERROR(Sync("the outcome across nodes"));
+  if (!Relayed()) return outcome;
+  std::string said(slot.text, slot.len);
+  if (slot.code != 0) return Status(static_cast<Code>(slot.code), said);
+  if (text != nullptr) *text = std::move(said);
+  if (flag != nullptr) *flag = slot.flag;
+  return Status::Ok();
+}
+
 Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local, const void* payload,
+                               size_t payload_bytes, std::vector<char>* payloads) {
+  if (payloads != nullptr) payloads->clear();
+  const Status outcome =
+      Relayed() ? Status::Ok() : ExchangeVerdicts(desc, local, payload, payload_bytes, payloads);
+  return Relay(outcome, nullptr, nullptr);
+}
+
+Status Group::ExchangeVerdicts(const std::string& desc, const Status& local, const void* payload,
                                size_t payload_bytes, std::vector<char>* payloads) {
   if (payload_bytes > kAgreePayloadBytes) {
     return Internal("an agreement payload of " + std::to_string(payload_bytes) +
@@ -328,7 +357,7 @@ Status Group::AgreeAcrossNodes(const std::string& desc, const Status& local, con
       SMB_RETURN_IF_ERROR(link_->Broadcast(whole.data(), whole.size(), root, timeout_s()));
     }
     // Whether the joined nodes take part, before any data moves.
-    if (AnyJoined(all)) SMB_RETURN_IF_ERROR(AnswerAcrossNodes(Status::Ok()));
+    if (AnyJoined(all)) SMB_RETURN_IF_ERROR(AnswerNodes(Status::Ok()));
   }
   // (LearnAcrossNodes checked its verdicts for failures as this branch did.)
   learned_.clear();
@@ -564,6 +593,15 @@ bool Group::AllJoinedHere() const {
 
 Status Group::LearnAcrossNodes(std::string* text, bool* complete) {
   if (!link_) return InvalidArgument("no other node to learn the collective from");
+  *complete = false;
+  const Status outcome = Relayed() ? Status::Ok() : LearnFromNodes(text, complete);
+  uint32_t flag = *complete ? 1 : 0;
+  SMB_RETURN_IF_ERROR(Relay(outcome, text, &flag));
+  *complete = flag != 0;
+  return Status::Ok();
+}
+
+Status Group::LearnFromNodes(std::string* text, bool* complete) {
   NodeVerdict mine{};
   mine.joined = 1;  // zeros in the payload: what a joined node adds to a small sum
   const int nodes = link_->nodes();
@@ -588,6 +626,10 @@ Status Group::LearnAcrossNodes(std::string* text, bool* complete) {
 
 Status Group::AnswerAcrossNodes(const Status& taking_part) {
   if (!link_) return InvalidArgument("no other node to answer");
+  return Relay(Relayed() ? Status::Ok() : AnswerNodes(taking_part), nullptr, nullptr);
+}
+
+Status Group::AnswerNodes(const Status& taking_part) {
   JoinedAnswer answer{};
   answer.failed = taking_part.ok() ? 0 : 1 + static_cast<uint32_t>(taking_part.code());
   answer.len = static_cast<uint32_t>(std::min(taking_part.message().size(), sizeof answer.text));

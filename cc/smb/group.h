@@ -13,6 +13,7 @@
 #ifndef TF_SMB_CC_SMB_GROUP_H_
 #define TF_SMB_CC_SMB_GROUP_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -54,6 +55,10 @@ class Group {
   // nodes by its job rank, "rank 3 (node 1, pid 123)".
   std::string PeerName(int local) const;
   NodeLink* link() const { return link_.get(); }
+  // How many slices a collective's data is cut into: one per rank, but across
+  // nodes one per local rank with a counterpart on every node
+  // (NodeLink::streams); the ranks beyond get empty slices.
+  int slices() const { return link_ ? std::min(world_, link_->streams()) : world_; }
   Peers* peers() const { return peers_.get(); }
   const std::shared_ptr<Peers>& shared_peers() const { return peers_; }
   double timeout_s() const { return timeout_s_.load(std::memory_order_relaxed); }
@@ -151,6 +156,17 @@ class Group {
 
  private:
   GroupControl* control() const { return peers_->control(); }
+  // Nodes of different sizes: a rank beyond link_->streams() has no
+  // counterpart on every node and takes no part in exchanges across nodes;
+  // after each, every rank of its node calls Relay, and local rank 0's
+  // outcome (status, text, flag) reaches it through the box.
+  bool Relayed() const { return link_ && rank_ >= link_->streams(); }
+  Status Relay(const Status& outcome, std::string* text, uint32_t* flag);
+  // The exchanges themselves (what the public calls do where nothing is relayed).
+  Status ExchangeVerdicts(const std::string& desc, const Status& local, const void* payload,
+                          size_t payload_bytes, std::vector<char>* payloads);
+  Status LearnFromNodes(std::string* text, bool* complete);
+  Status AnswerNodes(const Status& taking_part);
   std::vector<uint64_t> PublishedBy(int rank) const;
   // Another rank of this group that has not joined (hvd.join).
   bool OtherTraining(int rank) const;
@@ -163,6 +179,7 @@ class Group {
   uint64_t seq_ = 0;          // barriers passed
   uint64_t collectives_ = 0;  // Agree() calls, for descriptor parity
   uint64_t chunks_ = 0;       // chunks moved, for staging buffer parity
+  uint64_t relays_ = 0;       // Relay calls, for the relay slot's parity
   uint64_t decided_ = 0;      // collectives whose turn NextCollective found
   uint64_t join_order_ = 0;   // see MarkJoined
   // Rank 0: the keys it chose last. Having joined, it chooses from another

@@ -1,7 +1,8 @@
-// The job's other nodes, as one rank sees them. A job spans nodes × L ranks;
-// the ranks of a node meet in the node's box (peers.h), and local rank r of
-// every node is linked with local rank r of the others: a node-partial sum
-// of slice r crosses the network once per node, in L streams at a time.
+// The job's other nodes, as one rank sees them. A job spans nodes of L_n ranks
+// each (not necessarily equal); the ranks of a node meet in the node's box
+// (peers.h), and local rank r < S = min L_n of every node is linked with local
+// rank r of the others: a node-partial sum of slice r crosses the network once
+// per node, in S streams at a time.
 // Group (group.h) and the algorithms use this interface only; a transport
 // implements it (link/transport_link.h, over any transport/transport.h:
 // Open MPI's, or threads of one process in the C++ tests).
@@ -79,7 +80,13 @@ class NodeLink {
   virtual int local_size() const = 0;
   virtual int job_rank() const = 0;
   virtual int job_world() const = 0;
-  // The job rank of local rank `local` on node `node`.
+  // Ranks on node `node` (nodes may run different numbers).
+  virtual int NodeSize(int node) const = 0;
+  // Local ranks 0 .. streams() - 1 have a counterpart on every node: the
+  // fewest ranks any node runs. Only they take part in the collectives below;
+  // a larger node's other ranks learn the outcome through the box (Group).
+  virtual int streams() const = 0;
+  // The job rank of local rank `local` (< NodeSize(node)) on node `node`.
   virtual int JobRank(int node, int local) const = 0;
   // Where job rank `rank` sits.
   virtual void Locate(int rank, int* node, int* local) const = 0;

@@ -76,6 +76,15 @@ struct GroupControl {
   std::atomic<uint64_t> decision_key[2];
   std::atomic<uint64_t> joins;  // ranks that ever joined (RankControl::joined)
   ResultBuffer results[kMaxResults];
+  // Nodes of different sizes: what local rank 0 learned in an exchange across
+  // nodes, for the node's ranks that take no part in it (Group::Relay), by
+  // the exchange's parity (written before a barrier, read after it).
+  struct RelaySlot {
+    int32_t code;  // an smb::Code
+    uint32_t flag;
+    uint32_t len;
+    char text[kDescBytes];
+  } relay[2];
   RankControl ranks[kMaxWorld];
 };
 

@@ -61,6 +61,9 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
   Peers* peers = group.peers();
   NodeLink* link = group.link();
   const int world = group.world(), rank = group.rank();
+  // Rank q < slices sums slice q for everyone (and carries it across nodes);
+  // on a node larger than the job's smallest, the other ranks' slices are empty.
+  const int slices = group.slices();
   const int trace_rank = group.job_rank();  // the timeline's rows are job ranks
   const size_t staging = peers->staging_bytes();
   std::vector<const char*> sources(world);
@@ -76,7 +79,7 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
       const int buffer = group.NextStagingBuffer();
       // Rank q sums bytes [lo(q), lo(q + 1)) of the chunk for everyone.
       const size_t n = len / elem;
-      auto lo = [&](int q) { return n * q / world * elem; };
+      auto lo = [&](int q) { return n * std::min(q, slices) / slices * elem; };
       const size_t my_lo = lo(rank), my_hi = lo(rank + 1);
       char* mine = peers->staging(buffer, rank);
       {
@@ -179,11 +182,14 @@ Status ReduceSmallAcrossNodes(Group& group, const std::vector<TensorRef>& tensor
   Peers* peers = group.peers();
   NodeLink* link = group.link();
   const int world = group.world(), rank = group.rank();
+  // Rank q < slices sums slice q for everyone (and carries it across nodes);
+  // on a node larger than the job's smallest, the other ranks' slices are empty.
+  const int slices = group.slices();
   const size_t elem = DTypeSize(dtype);
   size_t total = 0;
   std::vector<Piece> pieces = PiecesOf(tensors, &total);
   const size_t n = total / elem;
-  auto lo = [&](int q) { return n * q / world * elem; };
+  auto lo = [&](int q) { return n * std::min(q, slices) / slices * elem; };
   const size_t my_lo = lo(rank), my_hi = lo(rank + 1), mine_bytes = my_hi - my_lo;
   const int buffer = group.NextStagingBuffer();
   char* mine = peers->staging(buffer, rank);

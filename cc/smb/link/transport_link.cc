@@ -90,7 +90,9 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
   int local_size() const override { return local_size_; }
   int job_rank() const override { return rank_; }
   int job_world() const override { return world_; }
-  int JobRank(int node, int local) const override { return job_rank_of_[node * local_size_ + local]; }
+  int NodeSize(int node) const override { return LocalSize(node); }
+  int streams() const override { return streams_; }
+  int JobRank(int node, int local) const override { return job_rank_of_[first_of_[node] + local]; }
   void Locate(int rank, int* node, int* local) const override {
     *node = node_of_[rank];
     *local = local_of_[rank];
@@ -126,7 +128,7 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
   }
   void KeepGoingWithoutLostRanks() override { keep_going_ = true; }
   bool NodeLost(int node) const override {
-    for (int local = 0; local < local_size_; ++local) {
+    for (int local = 0; local < LocalSize(node); ++local) {
       if (!liveness_->lost(JobRank(node, local))) return false;
     }
     return true;
@@ -149,6 +151,12 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
   // The job failed here (a lost rank, or another rank's word): records it and
   // tells the group (failed_cb_). mu_ not held.
   void Fail(const Status& failure);
+  Status NoCounterparts() const {
+    return Internal("rank " + std::to_string(rank_) + " is local rank " +
+                    std::to_string(local_rank_) + " of node " + std::to_string(node_) +
+                    ", but a node of the job runs only " + std::to_string(streams_) +
+                    " rank(s): collectives across nodes go through local ranks below that");
+  }
   Status LostCollective() const {  // mu_ held
     return Status(Code::kAborted, "rank " + std::to_string(rank_) +
                                       ": a collective across nodes cannot run after rank(s) " +
@@ -171,8 +179,11 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
   double lost_after_s_ = 10;
   // Layout, fixed once Begin() returns.
   int rank_ = 0, world_ = 1, node_ = 0, nodes_ = 1, local_rank_ = 0, local_size_ = 1;
-  std::vector<int> job_rank_of_;      // [node * local_size + local] -> job rank
+  int streams_ = 1;                   // the fewest ranks on a node (see NodeLink::streams)
+  std::vector<int> first_of_;         // node -> its local rank 0's index in job_rank_of_
+  std::vector<int> job_rank_of_;      // [first_of_[node] + local] -> job rank
   std::vector<int> node_of_, local_of_;  // job rank -> node, local rank
+  int LocalSize(int node) const { return first_of_[node + 1] - first_of_[node]; }
 
   std::thread thread_;
   std::thread watchdog_;
@@ -240,6 +251,9 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
   std::atomic<bool> keep_going_{false};  // see KeepGoingWithoutLostRanks
   std::string lost_names_;               // "2 (node 1), 3 (node 1)" (mu_)
   void CheckLiveness(double now, bool link_stuck);  // on the watchdog
+  // Whether the nodes this rank still hears from, with `silent` counted out,
+  // may go on without the rest (the majority side); *heard names them.
+  bool HearsMajority(const std::vector<int>& silent, std::string* heard) const;
   bool Lost(int rank) const { return liveness_->lost(rank); }
   // Every other rank sent kTagLeaving or is lost (thread only).
   bool OthersGone() const;
@@ -274,23 +288,20 @@ Status TransportLink::Setup(const LinkOptions& options) {
   node_ = layout.node_of[rank_];
   local_rank_ = layout.local_of[rank_];
   local_size_ = layout.local_size_of[rank_];
-  std::string sizes;
-  bool uneven = false;
+  // Nodes may run different numbers of ranks (what a scheduler hands out).
   std::vector<int> per_node(nodes_, 0);
-  for (int r = 0; r < world_; ++r) {
-    per_node[layout.node_of[r]] = layout.local_size_of[r];
-    if (layout.local_size_of[r] != local_size_) uneven = true;
+  for (int r = 0; r < world_; ++r) per_node[layout.node_of[r]] = layout.local_size_of[r];
+  first_of_.assign(nodes_ + 1, 0);
+  for (int n = 0; n < nodes_; ++n) first_of_[n + 1] = first_of_[n] + per_node[n];
+  if (first_of_[nodes_] != world_) {
+    return Internal("the transport's layout places " + std::to_string(first_of_[nodes_]) +
+                    " ranks on its nodes, but the job has " + std::to_string(world_));
   }
-  if (uneven) {
-    for (int n = 0; n < nodes_; ++n) {
-      sizes += (n ? ", " : "") + std::to_string(per_node[n]) + " on node " + std::to_string(n);
-    }
-    return InvalidArgument("every node of a job must run the same number of workers, got " + sizes);
-  }
+  streams_ = *std::min_element(per_node.begin(), per_node.end());
   node_of_ = layout.node_of;
   local_of_ = layout.local_of;
   job_rank_of_.assign(world_, 0);
-  for (int r = 0; r < world_; ++r) job_rank_of_[node_of_[r] * local_size_ + local_of_[r]] = r;
+  for (int r = 0; r < world_; ++r) job_rank_of_[first_of_[node_of_[r]] + local_of_[r]] = r;
   if (node_ == 0 && local_rank_ == 0) decider_ = std::make_unique<Decider>(nodes_);
   std::vector<bool> remote(world_);
   for (int r = 0; r < world_; ++r) remote[r] = node_of_[r] != node_;
@@ -548,6 +559,18 @@ void TransportLink::CheckLiveness(double now, bool link_stuck) {
                         "hears no one)"
                   : ")");
   if (keep_going_) {
+    std::string cut_off;
+    if (!HearsMajority(silent, &cut_off)) {
+      // Silence cannot tell "they died" from "I am cut off" (or "my MPI
+      // thread is stuck"): only the side that still hears most of the nodes
+      // goes on, or so a job would split into two that each train alone.
+      peers_lost_ = true;
+      Fail(Status(Code::kAborted, what + "; rank " + std::to_string(rank_) + " (node " +
+                                      std::to_string(node_) + ") hears " + cut_off +
+                                      ": it is cut off from the rest of the job, which goes on "
+                                      "without it, so it stops rather than train apart"));
+      return;
+    }
     // The asynchronous mode goes on without them: their clocks count as
     // finished, calls waiting on them end (SegmentTable moves the segments
     // of a node whose every rank is lost), and collectives across nodes fail.
@@ -579,6 +602,37 @@ void TransportLink::CheckLiveness(double now, bool link_stuck) {
                        what + "; rank " + std::to_string(rank_) +
                            " stops (a synchronous job cannot go on without them)");
   Fail(failure);
+}
+
+bool TransportLink::HearsMajority(const std::vector<int>& silent, std::string* heard) const {
+  // The nodes alive so far (not every rank lost) and those of them this rank
+  // still hears from (its own always: its ranks share the box).
+  std::vector<bool> quiet(world_, false);
+  for (int r : silent) quiet[r] = true;
+  int alive = 0, hearing = 0, lowest = -1;
+  bool hears_lowest = false;
+  std::string names;
+  for (int n = 0; n < nodes_; ++n) {
+    if (NodeLost(n)) continue;
+    ++alive;
+    bool heard_n = n == node_;
+    for (int local = 0; local < LocalSize(n) && !heard_n; ++local) {
+      const int r = JobRank(n, local);
+      heard_n = !quiet[r] && !liveness_->lost(r);
+    }
+    if (lowest < 0) {
+      lowest = n;
+      hears_lowest = heard_n;
+    }
+    if (heard_n) {
+      ++hearing;
+      names += (names.empty() ? "" : ", ") + std::to_string(n);
+    }
+  }
+  *heard = "only node(s) " + names + " of the " + std::to_string(alive) + " alive";
+  // A strict majority, or exactly half that holds the lowest node alive: the
+  // two halves of an even split agree on which one goes on.
+  return 2 * hearing > alive || (2 * hearing == alive && hears_lowest);
 }
 
 void TransportLink::Stop() {
@@ -871,9 +925,11 @@ Status TransportLink::CallSegmentServer(int home, const SegmentRequest& request,
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.ok()) return failure_;
-    // The home node's rank with this local rank serves it, or the next live one.
-    for (int k = 0; k < local_size_ && call.server < 0; ++k) {
-      const int r = JobRank(home, (local_rank_ + k) % local_size_);
+    // The home node's rank with this local rank serves it (on a node of fewer
+    // ranks, the one it wraps to), or the next live one.
+    const int home_size = LocalSize(home);
+    for (int k = 0; k < home_size && call.server < 0; ++k) {
+      const int r = JobRank(home, (local_rank_ + k) % home_size);
       if (!liveness_->lost(r)) call.server = r;
     }
     if (call.server < 0) {
@@ -983,7 +1039,7 @@ void TransportLink::Answer(const std::vector<char>& message) {
 void TransportLink::PublishClock(uint64_t steps, uint64_t phase) {
   for (int n = 0; n < nodes_; ++n) {
     if (n == node_) continue;
-    for (int local = 0; local < local_size_; ++local) {
+    for (int local = 0; local < LocalSize(n); ++local) {
       Post(JobRank(n, local), kTagClock, Words({steps, phase}));
     }
   }
@@ -1016,6 +1072,7 @@ Status TransportLink::StartAllReduceSum(DType dtype, void* data, size_t count,
                                         std::shared_ptr<LinkOp>* started) {
   started->reset();
   if (nodes_ == 1 || count == 0) return Status::Ok();
+  if (local_rank_ >= streams_) return NoCounterparts();
   auto run = std::make_shared<Op>();
   run->start = [=](Transport& transport, std::unique_ptr<Transfer>* transfer) {
     return transport.StartAllReduceSum(dtype, data, count, transfer);
@@ -1030,6 +1087,7 @@ Status TransportLink::AllGather(const void* in, size_t bytes, void* out, double 
     std::memcpy(out, in, bytes);
     return Status::Ok();
   }
+  if (local_rank_ >= streams_) return NoCounterparts();
   auto run = std::make_shared<Op>();
   run->buffer.resize(bytes * (nodes_ + 1));
   std::memcpy(run->buffer.data(), in, bytes);
@@ -1044,6 +1102,7 @@ Status TransportLink::AllGather(const void* in, size_t bytes, void* out, double 
 
 Status TransportLink::Broadcast(void* data, size_t bytes, int root, double timeout_s) {
   if (nodes_ == 1 || bytes == 0) return Status::Ok();
+  if (local_rank_ >= streams_) return NoCounterparts();
   auto run = std::make_shared<Op>();
   run->buffer.assign(static_cast<char*>(data), static_cast<char*>(data) + bytes);
   char* base = run->buffer.data();

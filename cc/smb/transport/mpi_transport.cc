@@ -136,8 +136,13 @@ class MpiTransport : public Transport {
       layout->local_of[r] = all[3 * r + 1];
       layout->local_size_of[r] = all[3 * r + 2];
     }
-    MPI_Comm_split(base, local_rank, where[0], &cross_);
-    MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
+    // Counterparts: local rank r of every node, for the r that every node has
+    // (nodes may run different numbers of ranks; a larger node's other ranks
+    // take no part in collectives across nodes).
+    const int streams = *std::min_element(layout->local_size_of.begin(),
+                                          layout->local_size_of.end());
+    MPI_Comm_split(base, local_rank < streams ? local_rank : MPI_UNDEFINED, where[0], &cross_);
+    if (cross_ != MPI_COMM_NULL) MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
     MPI_Comm_dup(base, &control_);
     MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
     MPI_Op_create(&SumHalf, /*commute=*/1, &sum_half_);
@@ -214,7 +219,7 @@ class MpiTransport : public Transport {
   void Finish() override {
     MPI_Op_free(&sum_half_);
     MPI_Op_free(&sum_bfloat16_);
-    MPI_Comm_free(&cross_);
+    if (cross_ != MPI_COMM_NULL) MPI_Comm_free(&cross_);
     MPI_Comm_free(&control_);
     if (!members_.empty()) {
       MPI_Comm_free(&members_comm_);
