@@ -3,7 +3,8 @@ process sets.
 
 The job is tf_smb's (tf_smb.env): the same launchers (tf_smb.run, mpirun,
 horovodrun, srun) place a process. Local and cross ranks come from the
-launcher's variables; tf_smb.run starts every worker on one node.
+launcher's variables (tf_smb.env.placement); tf_smb.run starts every worker on
+one node.
 """
 from __future__ import annotations
 
@@ -16,10 +17,6 @@ import tensorflow as tf
 from tf_smb import env as env_lib
 from tf_smb import ops as smb_ops
 from tf_smb import timeline as timeline_lib
-
-_LOCAL_RANK_VARS = ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
-_LOCAL_SIZE_VARS = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
-_CROSS_VARS = ("HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
 
 # HOROVOD_* variables that change nothing here (tuning of Horovod's own engine);
 # any other HOROVOD_* setting that asks for behaviour is refused at init.
@@ -45,16 +42,11 @@ class _State:
     job: Optional[env_lib.JobInfo] = None
     local_rank = 0
     local_size = 1
+    cross_rank = 0
+    cross_size = 1
     process_sets: Dict[int, "ProcessSet"] = {}  # the added sets by id (not the global one)
     next_set_id = 1
     nodes: Optional[List[int]] = None  # each rank's node, across nodes (asked once)
-
-
-def _int_env(env: Mapping[str, str], names: Sequence[str]) -> Optional[int]:
-    for name in names:
-        if env.get(name):
-            return int(env[name])
-    return None
 
 
 def check_horovod_variables(env: Mapping[str, str]) -> None:
@@ -161,12 +153,9 @@ def init(comm: Optional[Sequence[int]] = None,
             timeline_lib.enable(env["HOROVOD_TIMELINE"])
         job = smb_ops.init()
         _State.job = job
-        local_size = _int_env(env, _LOCAL_SIZE_VARS)
-        local_rank = _int_env(env, _LOCAL_RANK_VARS)
-        if job.launcher == "tf" or not job.spans_nodes:
-            local_size, local_rank = job.size, job.rank
-        _State.local_size = local_size if local_size is not None else job.size
-        _State.local_rank = local_rank if local_rank is not None else job.rank
+        where = env_lib.placement(job, env)
+        _State.local_rank, _State.local_size = where.local_rank, where.local_size
+        _State.cross_rank, _State.cross_size = where.cross_rank, where.cross_size
     if isinstance(process_sets, str):  # Horovod's "dynamic": sets may be added later
         return
     for process_set in process_sets or ():
@@ -242,15 +231,14 @@ def local_rank() -> int:
 
 def cross_size() -> int:
     """The number of nodes (Horovod: processes with this local rank)."""
-    env = os.environ
-    value = _int_env(env, _CROSS_VARS[1:])
-    return value if value is not None else max(1, size() // max(1, local_size()))
+    _job()
+    return _State.cross_size
 
 
 def cross_rank() -> int:
     """This process's node index (Horovod: its rank among equal local ranks)."""
-    value = _int_env(os.environ, _CROSS_VARS[:1])
-    return value if value is not None else rank() // max(1, local_size())
+    _job()
+    return _State.cross_rank
 
 
 def is_homogeneous() -> bool:
