@@ -63,6 +63,9 @@ FAST, FULL = "fast", "full"
 TIER_OF_FILE = {
     # Conformance proofs, whole files (the fast tier keeps a representative of each).
     "test_horovod_peer_3.py": FULL,  # Horovod's test_tensorflow.py at 3 processes
+    # Slurm's daemons on simulated nodes, srun and sbatch+mpirun training (~2.5 min);
+    # fast: the launchers' variables as the daemons set them (test_env.py).
+    "test_slurm.py": FULL,
     # horovodrun (Horovod's launcher) starting SMBStrategy workers across nodes; fast:
     # horovodrun on one node (test_horovod.py) and its variables (test_env.py).
     "test_nodes_launchers.py": FULL,

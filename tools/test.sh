@@ -24,6 +24,18 @@ case "${1:-}" in
 esac
 # (The pairs below run after the suite's own install: TF_SMB_INSTALLED=1.)
 [ "${TF_SMB_INSTALLED:-0}" = 1 ] || bash tools/install.sh --test || exit 1
+# --full also runs Slurm's daemons on simulated nodes (tests/test_slurm.py): Debian's
+# Slurm, munge and Slurm's MPI plugins (PMIx), installed only for it.
+if [ "$full" = 1 ] && { ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1 ||
+    ! command -v srun >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1 ||
+    ! dpkg -s slurm-wlm-basic-plugins >/dev/null 2>&1; }; then
+  echo "tools/test.sh: installing Slurm for --full (slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins)" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins >/dev/null || exit 1
+fi
 VENV=${TF_SMB_VENV:-.venv}
 if [ -n "$pair" ]; then
   VENV=$(bash tools/keras_venv.sh "$pair") || exit 1
