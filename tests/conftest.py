@@ -76,6 +76,7 @@ TIER_OF_FILE = {
     # fast: setup.py's and op_library's builds of them (test_install.py, every import).
     "test_bazel_build.py": FULL,
     # Files holding full-tier tests, the longest of --full, ahead of the rest.
+    "test_nodes_layouts.py": FAST,
     "test_horovod_examples.py": FAST,
     "test_horovod_peer.py": FAST,
     "test_nodes_async.py": FAST,
@@ -131,6 +132,12 @@ FULL_TESTS = (
     # nodes (fast: the allreduce, async, epoch-time, replica-thread and nodes smokes).
     "test_benchmark_suite_smoke.py::test_benchmark_suite_smoke",
     "test_benchmark_nodes_smoke.py::test_benchmark_straggler_smoke",
+    # Sync equality and the timeline at 4 nodes and on 1+4 workers (fast: at 3 nodes,
+    # 3x1, 3x2, 3+2+1, 2+1).
+    "test_nodes_layouts.py::test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline"
+    "[1+1+1+1]",
+    "test_nodes_layouts.py::test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline"
+    "[1+4]",
 )
 
 

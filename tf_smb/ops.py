@@ -390,6 +390,13 @@ def segments_push_read(variables: Sequence[tf.Variable], names: Sequence[str],
                                              consistent=consistent)
 
 
+def nodes_of_ranks() -> List[int]:
+    """The node of each job rank, as the job's link numbers them (ranks that
+    share a box share a node; all 0 on one node): the truth under any launcher,
+    whatever its variables say. Needs `init` first."""
+    return [int(n) for n in run_now(lambda: _library().smb_nodes_of_ranks())]
+
+
 def segment_home(name: str) -> int:
     """The node whose box holds segment `name`: 0 on one node. Across nodes each
     segment goes, in creation order, to the node holding the fewest segment bytes

@@ -967,6 +967,26 @@ void SmbServerPushSegmentOp::Compute(OpKernelContext* c) {
   });
 }
 
+// The node of each job rank (zeros on one node).
+class SmbNodesOfRanksOp : public OpKernel {
+ public:
+  explicit SmbNodesOfRanksOp(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* c) override {
+    std::shared_ptr<smb::Communicator> comm;
+    OP_REQUIRES_OK(c, SmbContext::Get().Shared(&comm));
+    const int world = comm->world();
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({world}), &out));
+    auto nodes = out->vec<int32>();
+    const smb::NodeLink* link = comm->group().link();
+    for (int r = 0; r < world; ++r) {
+      int node = 0, local = r;
+      if (link != nullptr) link->Locate(r, &node, &local);
+      nodes(r) = node;
+    }
+  }
+};
+
 // The node whose box holds segment `name` (0 on one node; -1: not created here).
 class SmbSegmentHomeOp : public OpKernel {
  public:
@@ -1335,6 +1355,7 @@ class SmbReceivedRowsOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("SmbInit").Device(DEVICE_CPU), SmbInitOp);
+REGISTER_KERNEL_BUILDER(Name("SmbNodesOfRanks").Device(DEVICE_CPU), SmbNodesOfRanksOp);
 REGISTER_KERNEL_BUILDER(Name("SmbReplicaSum").Device(DEVICE_CPU), SmbReplicaSumOp);
 REGISTER_KERNEL_BUILDER(Name("SmbServerPush").Device(DEVICE_CPU), SmbServerPushOp);
 REGISTER_KERNEL_BUILDER(Name("SmbServerWait").Device(DEVICE_CPU), SmbServerWaitOp);

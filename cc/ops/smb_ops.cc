@@ -270,6 +270,15 @@ dtype and shape. `consistent` as in SmbSegmentRead (reads of pushed segments
 are consistent either way).
 )doc");
 
+REGISTER_OP("SmbNodesOfRanks")
+    .Output("nodes: int32")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::UnknownShape)
+    .Doc(R"doc(
+The node of each job rank (ranks sharing a box share a node, numbered as the
+link numbers them), a vector of the job's size; all zeros on one node.
+)doc");
+
 REGISTER_OP("SmbSegmentHome")
     .Output("node: int32")
     .Attr("segment: string")
