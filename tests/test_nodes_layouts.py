@@ -261,3 +261,33 @@ def test_no_split_brain_when_a_node_dies_as_a_survivors_mpi_thread_sticks(cluste
     for rank in (0, 1):
         assert not (tmp_path / f"rank{rank}.json").exists(), f"rank {rank} trained on{shown}"
         assert re.search(CUT_OFF.format(rank=rank, alive=3), said.get(rank, "")), shown
+
+
+HOROVOD_API = os.path.join(WORKERS, "horovod_api_worker.py")
+
+
+def horovod_placement(layout):
+    """[local rank, local size, cross rank, cross size, homogeneous] of each rank,
+    as Horovod defines them (cross: among the ranks with the same local rank)."""
+    counts = [n for n in layout if n]
+    out = []
+    for node, n in enumerate(counts):
+        for local in range(n):
+            peers = [m for m, k in enumerate(counts) if k > local]
+            out.append([local, n, peers.index(node), len(peers), len(set(counts)) == 1])
+    return out
+
+
+@pytest.mark.parametrize("layout", [[1, 1, 1], [3, 2, 1]], ids=_id)
+def test_horovod_api_and_process_sets_spanning_the_nodes(layout, cluster, tmp_path):
+    results = simnodes.run_workers(cluster, layout, [HOROVOD_API, "layout"], 600,
+                                   str(tmp_path), ENV)
+    world = sum(layout)
+    evens, mixed = list(range(0, world, 2)), sorted({0, 1, world - 1})
+    for rank, r in enumerate(results):
+        assert r["placement"] == horovod_placement(layout)[rank], f"rank {rank}: {r}"
+        assert r["sum"] == [world * (world + 1) / 2] * 5, f"rank {rank}: {r}"
+        assert r["gather"] == [q for q in range(world) for _ in range(q + 1)], f"rank {rank}"
+        assert r["broadcast"] == [100 + root for root in range(world)], f"rank {rank}"
+        assert r["sets"] == [[float(sum(evens))] if rank in evens else None,
+                             [float(sum(mixed))] if rank in mixed else None], f"rank {rank}"

@@ -295,6 +295,26 @@ def scenario_spanning_sets_open():
         tf.constant([float(rank)]), op=hvd_tf.Sum, process_set=mine).numpy().tolist()}
 
 
+def scenario_layout():
+    """On any layout of nodes: Horovod's placement queries; an all-reduce, an all-gather of rows of
+    different counts, a broadcast from every rank; a process set of every
+    other rank and one holding different numbers of ranks on its nodes (ranks
+    0, 1 and the last), each summing within itself."""
+    rank, size = hvd_tf.rank(), hvd_tf.size()
+    out = {"placement": [hvd_tf.local_rank(), hvd_tf.local_size(), hvd_tf.cross_rank(),
+                         hvd_tf.cross_size(), hvd_tf.is_homogeneous()]}
+    out["sum"] = hvd_tf.allreduce(tf.fill([5], float(rank + 1)), op=hvd_tf.Sum).numpy().tolist()
+    out["gather"] = hvd_tf.allgather(tf.fill([rank + 1, 2], rank)).numpy()[:, 0].tolist()
+    out["broadcast"] = [int(hvd_tf.broadcast(tf.constant([100 + rank]), root_rank=root)[0])
+                        for root in range(size)]
+    evens = hvd_tf.add_process_set(list(range(0, size, 2)))
+    mixed = hvd_tf.add_process_set(sorted({0, 1, size - 1}))
+    out["sets"] = [hvd_tf.allreduce(tf.constant([float(rank)]), op=hvd_tf.Sum,
+                                    process_set=ps).numpy().tolist()
+                   if ps.included() else None for ps in (evens, mixed)]
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenario")
@@ -312,7 +332,8 @@ def main():
                            "join": scenario_join,
                            "join_nodes": scenario_join_nodes,
                            "join_pair": scenario_join_pair,
-                           "spanning_sets_open": scenario_spanning_sets_open}[scenario]())
+                           "spanning_sets_open": scenario_spanning_sets_open,
+                           "layout": scenario_layout}[scenario]())
     result.update(rank=hvd.rank(), size=hvd.size())
     report(result, a.result_dir)
 

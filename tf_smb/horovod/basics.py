@@ -156,6 +156,12 @@ def init(comm: Optional[Sequence[int]] = None,
         where = env_lib.placement(job, env)
         _State.local_rank, _State.local_size = where.local_rank, where.local_size
         _State.cross_rank, _State.cross_size = where.cross_rank, where.cross_size
+        if job.spans_nodes:
+            # The link knows each rank's node whatever the launcher set (nodes
+            # may run different numbers of ranks).
+            _State.nodes = smb_ops.nodes_of_ranks()
+            _State.local_rank, _State.local_size, _State.cross_rank, _State.cross_size = (
+                _placement_on(_State.nodes, job.rank))
     if isinstance(process_sets, str):  # Horovod's "dynamic": sets may be added later
         return
     for process_set in process_sets or ():
@@ -243,18 +249,28 @@ def cross_rank() -> int:
 
 def is_homogeneous() -> bool:
     """Whether every node runs the same number of processes."""
-    return size() % max(1, local_size()) == 0
+    nodes = _nodes_of_ranks()
+    return nodes is None or len(set(collections.Counter(nodes).values())) == 1
+
+
+def _placement_on(nodes: Sequence[int], rank: int) -> "tuple[int, int, int, int]":
+    """(local rank, local size, cross rank, cross size) of `rank`, given each
+    rank's node, as Horovod defines them: the local rank orders a node's ranks
+    by rank; the cross rank orders the ranks with this local rank by node."""
+    mine = nodes[rank]
+    local = [r for r, n in enumerate(nodes) if n == mine]
+    local_rank = local.index(rank)
+    firsts: Dict[int, List[int]] = {}
+    for r, n in enumerate(nodes):
+        firsts.setdefault(n, []).append(r)
+    peers = sorted((n, ranks[local_rank]) for n, ranks in firsts.items() if len(ranks) > local_rank)
+    return local_rank, len(local), [r for _, r in peers].index(rank), len(peers)
 
 
 def _nodes_of_ranks() -> Optional[List[int]]:
-    """Each rank's node when the job spans nodes (one exchange, then cached)."""
+    """Each rank's node when the job spans nodes (from the link, at init)."""
     if not _job().spans_nodes:
         return None
-    if _State.nodes is None:
-        from tf_smb.horovod import collectives  # pylint: disable=import-outside-toplevel
-        matrix = smb_ops.run_now(lambda: collectives.exchange(
-            tf.constant([cross_rank()], tf.int64), "hvd.add_process_set\ncollective=nodes"))
-        _State.nodes = [int(n) for n in matrix[:, 0]]
     return _State.nodes
 
 
@@ -282,13 +298,7 @@ def add_process_set(process_set: Union[Sequence[int], ProcessSet]) -> ProcessSet
                              f"already exists (id {existing.process_set_id})")
     nodes = _nodes_of_ranks()
     per_node = collections.Counter(nodes[r] for r in ranks) if nodes is not None else {}
-    spans = len(per_node) > 1
-    if spans and len(set(per_node.values())) > 1:
-        counts = ", ".join(f"{n} on node {node}" for node, n in sorted(per_node.items()))
-        raise NotImplementedError(
-            f"tf_smb.horovod: process set {ranks} spans nodes with different numbers of its "
-            f"ranks ({counts}); a set spanning nodes needs as many of its ranks on each of "
-            "its nodes (one box per node, joined rank by rank)")
+    spans = len(per_node) > 1  # (its nodes may hold different numbers of its ranks)
     set_id = _State.next_set_id
     _State.next_set_id += 1
     if rank() in ranks:
