@@ -124,18 +124,19 @@ def results(path, tag, count):
     return found
 
 
-def check_placement(cluster, probed, per_node):
-    """What tf_smb derived on each rank of a job on both nodes, `per_node` ranks
-    each, filled node by node (srun's block distribution; mpirun's by slot)."""
-    assert [r["rank"] for r in probed] == list(range(len(probed)))
-    for r in probed:
-        node = r["rank"] // per_node
+def check_placement(cluster, probed, counts):
+    """What tf_smb derived on each rank of a job with counts[i] ranks on node i,
+    filled node by node (srun's block distribution; mpirun's by slot)."""
+    assert [r["rank"] for r in probed] == list(range(sum(counts)))
+    nodes = [node for node, count in enumerate(counts) for _ in range(count)]
+    for r, node in zip(probed, nodes):
+        first = sum(counts[:node])  # the node's lowest rank
         assert r["host"] == cluster.nodes.hostnames[node], r
-        assert (r["size"], r["spans_nodes"]) == (2 * per_node, True), r
+        assert (r["size"], r["spans_nodes"]) == (sum(counts), True), r
         if "local_rank" in r:
             assert (r["local_rank"], r["local_size"], r["cross_rank"], r["cross_size"]) == (
-                r["rank"] % per_node, per_node, node, 2), r
-            assert r["rank_sum"] == sum(range(2 * per_node)), r
+                r["rank"] - first, counts[node], node, len(counts)), r
+            assert r["rank_sum"] == sum(range(sum(counts))), r
 
 
 def test_srun_tasks_see_their_step_and_tf_smb_reads_it(cluster):
@@ -143,7 +144,7 @@ def test_srun_tasks_see_their_step_and_tf_smb_reads_it(cluster):
     srun(cluster, PER_NODE, [os.path.join(cluster.dir, "probe.py"), out, "first", "hvd"])
     srun(cluster, PER_NODE, [os.path.join(cluster.dir, "probe.py"), out, "second", "env"])
     first, second = results(out, "first", WORLD), results(out, "second", WORLD)
-    check_placement(cluster, first, PER_NODE)
+    check_placement(cluster, first, [PER_NODE] * 2)
     for r in first:
         seen = r["env"]
         # What srun --mpi=pmix sets (DESIGN.md §8), and what tf_smb took from it.
@@ -160,6 +161,19 @@ def test_srun_tasks_see_their_step_and_tf_smb_reads_it(cluster):
     assert len({r["job_id"] for r in first}) == 1
     assert len({r["job_id"] for r in second}) == 1
     assert first[0]["job_id"] != second[0]["job_id"]
+
+
+def test_srun_uneven_step_2_plus_1_reads_each_nodes_count(cluster):
+    # -N2 -n3: srun gives node 0 two tasks and node 1 one (SLURM_STEP_TASKS_PER_NODE
+    # "2,1"); each rank's local size is its own node's count.
+    out = folder(cluster, "srun-uneven")
+    argv = [os.path.join(cluster.dir, "probe.py"), out, "uneven", "hvd"]
+    launch = cluster.client(["srun", "-N2", "-n3", "--mpi=pmix", "-K1", "--time=5",
+                             sys.executable, *argv], timeout=STEP_TIMEOUT, env=job_env())
+    assert launch.returncode == 0, f"{launch.stdout[-3000:]}\n{launch.stderr[-3000:]}"
+    probed = results(out, "uneven", 3)
+    assert {r["env"]["SLURM_STEP_TASKS_PER_NODE"] for r in probed} == {"2,1"}, probed
+    check_placement(cluster, probed, [2, 1])
 
 
 def test_srun_fit_2x2_equals_one_process_on_global_batch(cluster, one_process):
@@ -223,8 +237,8 @@ def test_sbatch_of_the_docs_script_trains_with_mpirun_in_the_allocation(cluster,
         output = f.read()
     assert state == "COMPLETED", f"job {job}: {state}\n{output[-5000:]}\n{cluster.logs()}"
     first, second = results(out, "first", WORLD), results(out, "second", WORLD)
-    check_placement(cluster, first, PER_NODE)
-    check_placement(cluster, second, PER_NODE)
+    check_placement(cluster, first, [PER_NODE] * 2)
+    check_placement(cluster, second, [PER_NODE] * 2)
     for r in first + second:
         seen = r["env"]
         assert r["launcher"] == "ompi"
