@@ -124,11 +124,13 @@ def _srun(procid, localid, nodeid, per_node, ntasks, nodes, step="0"):
 @pytest.mark.parametrize("variables, where", [
     # -N2 -n4: 2(x2); the task on node 1 with local id 1.
     (_srun(3, 1, 1, "2(x2)", 4, 2), (1, 2, 1, 2)),
-    # -N2 -n3: 2,1 (the uneven layout); -N3 -n5: 2(x2),1.
-    (_srun(1, 1, 0, "2,1", 3, 2), (1, 2, 0, 2)),
+    # -N2 -n3: 2,1 (the uneven layout); -N3 -n5: 2(x2),1. Cross rank and size
+    # as Horovod's: among the ranks with this local rank (rank 1 of 2,1 has none
+    # on node 1).
+    (_srun(1, 1, 0, "2,1", 3, 2), (1, 2, 0, 1)),
     (_srun(2, 0, 1, "2,1", 3, 2), (0, 1, 1, 2)),
     (_srun(4, 0, 2, "2(x2),1", 5, 3), (0, 1, 2, 3)),
-    (_srun(3, 1, 1, "2(x2),1", 5, 3), (1, 2, 1, 3)),
+    (_srun(3, 1, 1, "2(x2),1", 5, 3), (1, 2, 1, 2)),
 ])
 def test_placement_under_srun_comes_from_the_steps_layout(variables, where):
     job = env.detect(variables)

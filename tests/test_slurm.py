@@ -134,8 +134,11 @@ def check_placement(cluster, probed, counts):
         assert r["host"] == cluster.nodes.hostnames[node], r
         assert (r["size"], r["spans_nodes"]) == (sum(counts), True), r
         if "local_rank" in r:
+            # Horovod's cross rank and size: among the ranks with this local rank.
+            local_rank = r["rank"] - first
+            peers = [n for n, count in enumerate(counts) if count > local_rank]
             assert (r["local_rank"], r["local_size"], r["cross_rank"], r["cross_size"]) == (
-                r["rank"] - first, counts[node], node, len(counts)), r
+                local_rank, counts[node], peers.index(node), len(peers)), r
             assert r["rank_sum"] == sum(range(sum(counts))), r
 
 

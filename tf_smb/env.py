@@ -183,8 +183,10 @@ class Placement:
     Attributes:
       local_rank: index among the workers of its node.
       local_size: workers on its node.
-      cross_rank: index of its node.
-      cross_size: number of nodes.
+      cross_rank: index among the workers with its local rank, one per node (its
+        node's index when every node runs as many workers).
+      cross_size: number of workers with its local rank (of nodes, when every
+        node runs as many).
     """
 
     local_rank: int
@@ -231,8 +233,14 @@ def placement(job: JobInfo, env: Optional[Mapping[str, str]] = None) -> Placemen
                 f"SLURM_NODEID={env.get('SLURM_NODEID')!r} do not describe a step of "
                 f"{job.size} tasks (SLURM_NTASKS)")
         local_size = per_node[node] if local_size is None else local_size
-        cross_rank = node if cross_rank is None else cross_rank
-        cross_size = len(per_node) if cross_size is None else cross_size
+        if local_rank is None:
+            local_rank = _int_var(env, "SLURM_LOCALID")
+        # Horovod's cross rank and size: among the ranks with this local rank,
+        # one per node that has that many tasks (the node index on even layouts).
+        mine = 0 if local_rank is None else local_rank
+        cross_rank = (sum(1 for n in per_node[:node] if n > mine)
+                      if cross_rank is None else cross_rank)
+        cross_size = sum(1 for n in per_node if n > mine) if cross_size is None else cross_size
     if job.launcher == "slurm" and local_rank is None:
         local_rank = _int_var(env, "SLURM_LOCALID")
     local_size = job.size if local_size is None else local_size
