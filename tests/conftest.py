@@ -121,11 +121,14 @@ TIER_OF_FILE = {
 FULL_TESTS = (
     # Horovod's test_tensorflow.py whole (fast: one test per collective, the same file).
     "test_horovod_peer.py::test_horovods_tensorflow_tests_at_2_processes",
-    # Horovod's other two examples, and all three across nodes (fast: keras_mnist).
+    # Horovod's three examples at 2 processes, all three across 2 nodes, keras_mnist on
+    # 2+1 nodes (fast: keras_mnist across 3 nodes, test_nodes_layouts.py).
+    "test_horovod_examples.py::test_horovod_example_at_2_processes[tensorflow2_keras_mnist.py]",
     "test_horovod_examples.py::test_horovod_example_at_2_processes[tensorflow2_mnist.py]",
     "test_horovod_examples.py::test_horovod_example_at_2_processes"
     "[tensorflow2_synthetic_benchmark.py]",
     "test_horovod_examples.py::test_horovod_example_across_nodes",
+    "test_nodes_layouts.py::test_horovods_keras_mnist_example_across_the_nodes[2+1]",
     # Per-worker clipping equal to MirroredStrategy's at 3 workers (fast: at 2).
     "test_keras_optimizer.py::test_per_worker_clipping_equals_mirrored_strategy[3]",
     # The benchmark suite side by side with Horovod and MWMS, and the straggler across
@@ -138,6 +141,13 @@ FULL_TESTS = (
     "[1+1+1+1]",
     "test_nodes_layouts.py::test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline"
     "[1+4]",
+    # Sync equality at 2x1 and 2x3 (fast: 2x2 there, and 3x1, 3x2, 3+2+1, 2+1 in
+    # test_nodes_layouts.py).
+    "test_nodes.py::test_fit_2x1_equals_one_process_on_global_batch",
+    "test_nodes.py::test_fit_2x3_equals_one_process_on_global_batch",
+    # The survivors of a node killed at 2x2 while a survivor's MPI thread sticks (fast:
+    # the same at 3 nodes, test_nodes_layouts.py, and the stalled node at 2x2).
+    "test_nodes_async.py::test_survivors_finish_when_a_node_is_lost[killed]",
 )
 
 

@@ -34,11 +34,15 @@ del DTYPE_BYTES  # (imported for spec_bytes' sake)
 
 # Layouts as workers per node of a 3-node cluster (0: the node sits out);
 # the 4-node ones run on a cluster of their own, in --full.
-FIT_LAYOUTS = [[1, 1, 1], [2, 2, 2], [3, 2, 1], [2, 1, 0], [1, 4, 0], [1, 1, 1, 1]]
+# (Named here as the tests' ids, which tests/conftest.py's tier lists name.)
+LAYOUTS = {"1+1+1": [1, 1, 1], "2+2+2": [2, 2, 2], "3+2+1": [3, 2, 1], "2+1": [2, 1, 0],
+           "1+2+2": [1, 2, 2], "1+4": [1, 4, 0], "1+1+1+1": [1, 1, 1, 1]}
+FIT_LAYOUTS = ["1+1+1", "2+2+2", "3+2+1", "2+1", "1+4", "1+1+1+1"]
 
 
-def _id(layout):
-    return "+".join(str(n) for n in layout if n)
+def layouts(*names):
+    """The layouts `names` as pytest parameters named after them."""
+    return pytest.mark.parametrize("layout", [LAYOUTS[n] for n in names], ids=list(names))
 
 
 def nodes_of(layout):
@@ -82,7 +86,7 @@ def single():
     return get
 
 
-@pytest.mark.parametrize("layout", FIT_LAYOUTS, ids=_id)
+@layouts(*FIT_LAYOUTS)
 def test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline(
         layout, request, single, tmp_path):
     sim = on(layout, request)
@@ -119,7 +123,7 @@ def test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline(
             rank, sorted(mine)[:20])
 
 
-@pytest.mark.parametrize("layout", [[3, 2, 1], [1, 1, 1]], ids=_id)
+@layouts("3+2+1", "1+1+1")
 def test_every_dtype_and_a_broadcast_from_a_rank_without_counterparts(layout, cluster, tmp_path):
     # keras_worker's "ops": every dtype summed exactly, eager and in a
     # tf.function; broadcasts from rank 1, which on 3+2+1 is local rank 1 of
@@ -131,7 +135,7 @@ def test_every_dtype_and_a_broadcast_from_a_rank_without_counterparts(layout, cl
         assert r["bad"] == [], f"rank {r['rank']}: {r['bad']}"
 
 
-@pytest.mark.parametrize("layout", [[1, 1, 1], [2, 1, 0], [1, 2, 2]], ids=_id)
+@layouts("1+1+1", "2+1", "1+2+2")
 def test_pushes_to_segments_homed_on_every_node_lose_nothing(layout, cluster, tmp_path):
     # Every rank pushes +1 PUSHES times to every segment (and reads); each
     # segment's home is the node holding the fewest segment bytes so far, so
@@ -278,7 +282,7 @@ def horovod_placement(layout):
     return out
 
 
-@pytest.mark.parametrize("layout", [[1, 1, 1], [3, 2, 1]], ids=_id)
+@layouts("1+1+1", "3+2+1")
 def test_horovod_api_and_process_sets_spanning_the_nodes(layout, cluster, tmp_path):
     results = simnodes.run_workers(cluster, layout, [HOROVOD_API, "layout"], 600,
                                    str(tmp_path), ENV)
@@ -291,3 +295,19 @@ def test_horovod_api_and_process_sets_spanning_the_nodes(layout, cluster, tmp_pa
         assert r["broadcast"] == [100 + root for root in range(world)], f"rank {rank}"
         assert r["sets"] == [[float(sum(evens))] if rank in evens else None,
                              [float(sum(mixed))] if rank in mixed else None], f"rank {rank}"
+
+
+@layouts("1+1+1", "2+1")
+def test_horovods_keras_mnist_example_across_the_nodes(layout, cluster, tmp_path):
+    # Horovod's example as tools/run_horovod_example.py prepares it (--short),
+    # under mpirun on 3 nodes x 1 and on 2+1.
+    import test_horovod_examples as hx  # pylint: disable=import-outside-toplevel
+    if not os.path.isdir(hx.examples.EXAMPLES):
+        pytest.skip(f"Horovod's examples are not here ({hx.examples.EXAMPLES})")
+    example = "tensorflow2_keras_mnist.py"
+    copy = hx.examples.prepare(example, str(tmp_path), short=True)
+    python = cluster.python()
+    launch = cluster.mpirun(sum(layout), layout, [*python, copy], hx.TIMEOUT,
+                            {**cluster.preload_env(python), **hx.ENV}, cwd=str(tmp_path))
+    assert launch.returncode == 0, simnodes.describe_failure(launch, list(range(sum(layout))))
+    hx._check_output(example, launch.stdout + launch.stderr)  # pylint: disable=protected-access
