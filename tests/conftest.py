@@ -141,6 +141,11 @@ FULL_TESTS = (
     "[1+1+1+1]",
     "test_nodes_layouts.py::test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline"
     "[1+4]",
+    # The case that split a job in two, at once: a node dies as a survivor's MPI thread
+    # sticks (fast: the same one after the other, test_nodes_layouts.py); the async
+    # example on 3+2+1 (fast: on 1+1+1).
+    "test_nodes_layouts.py::test_no_split_brain_when_a_node_dies_as_a_survivors_mpi_thread_sticks",
+    "test_nodes_layouts.py::test_keras_digits_async_reaches_090[3+2+1]",
     # Sync equality at 2x1 and 2x3 (fast: 2x2 there, and 3x1, 3x2, 3+2+1, 2+1 in
     # test_nodes_layouts.py).
     "test_nodes.py::test_fit_2x1_equals_one_process_on_global_batch",

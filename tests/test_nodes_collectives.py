@@ -62,8 +62,8 @@ def test_ranks_on_different_nodes_disagreeing_get_the_same_error(nodes, tmp_path
         assert r["agreed"] == [4.0] * 3, f"rank {r['rank']}: {r['agreed']}"
         # tf_smb.horovod's process sets: one per node sums its own ranks; sets
         # spanning the nodes ([0, 2], [1, 3]) sum, gather and broadcast among
-        # their own ranks; a set uneven over the nodes is refused on every rank,
-        # and the job goes on.
+        # their own ranks, and so does one with 2 of its ranks on node 0 and 1
+        # on node 1.
         rank = r["rank"]
         members = [0, 2] if rank % 2 == 0 else [1, 3]
         assert r["node_set_sum"] == [3.0 if rank < 2 else 7.0], r
@@ -75,8 +75,7 @@ def test_ranks_on_different_nodes_disagreeing_get_the_same_error(nodes, tmp_path
         average = sum(members) / 2
         assert r["spanning_grouped"] == [[average] * 3, [average] * 2], r
         assert r["node_set_after"] == [2.0], r
-        assert ("process set [0, 1, 2] spans nodes with different numbers of its ranks "
-                "(2 on node 0, 1 on node 1)") in r["uneven_set"], r
+        assert r["uneven_set"] == ([3.0] if rank < 3 else None), r
         assert r["removed"] is True, r
         assert r["shape_error"] and verdict in r["shape_error"], f"rank {r['rank']}: {r['shape_error']}"
         # The job then stops: a later call fails at once with that error.
@@ -185,30 +184,3 @@ def test_survivors_fail_naming_the_ranks_of_a_lost_node(nodes, tmp_path):
     finally:
         nodes.kill_processes()
         run.kill()
-
-
-def test_nodes_of_different_sizes_get_a_clear_error(nodes, tmp_path):
-    # 3 workers on 2 slots per node: 2 on node 0, 1 on node 1.
-    script = tmp_path / "init_worker.py"
-    script.write_text(
-        "import json, os, sys\n"
-        "import tf_smb\n"
-        "from tf_smb import env, ops\n"
-        "rank = env.detect().rank\n"
-        "try:\n"
-        "    ops.init()\n"
-        "    error = None\n"
-        "except Exception as e:\n"
-        "    error = f'{type(e).__name__}: {e}'\n"
-        "with open(os.path.join(sys.argv[1], f'rank{rank}.json'), 'w') as f:\n"
-        "    json.dump({'error': error}, f)\n")
-    python = nodes.python()
-    nodes.mpirun(3, 2, [*python, str(script), str(tmp_path)], timeout=300,
-                 env={**nodes.preload_env(python), "TF_SMB_TIMEOUT": "60"})
-    for r in range(3):
-        path = tmp_path / f"rank{r}.json"
-        assert path.exists(), f"rank {r} wrote no result"
-        error = json.loads(path.read_text())["error"] or ""
-        assert "InvalidArgument" in error and ("every node of a job must run the same number "
-                                               "of workers, got 2 on node 0, 1 on node 1") in error, \
-            f"rank {r}: {error}"

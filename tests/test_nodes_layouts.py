@@ -19,13 +19,14 @@ import pytest
 
 import simnodes
 from frozen_thread import FrozenThread
-from harness import WORKERS, max_diff, run_single
+from harness import REPO, WORKERS, max_diff, run_single
 from test_nodes_async import (DTYPE_BYTES, bad_spec, momentum_gain, placement, spec_bytes,
                               _pid_of_rank, _without_noise)
 
 KERAS = os.path.join(WORKERS, "keras_worker.py")
 SEGMENTS = os.path.join(WORKERS, "segments_worker.py")
 DIGITS = os.path.join(WORKERS, "digits_async.py")
+KERAS_DIGITS = os.path.join(REPO, "examples", "keras_digits.py")
 ENV = {"TF_SMB_TIMEOUT": "120", "TEST_TIMEOUT": "120"}
 B = 8  # per-worker batch
 PUSHES = 500
@@ -311,3 +312,51 @@ def test_horovods_keras_mnist_example_across_the_nodes(layout, cluster, tmp_path
                             {**cluster.preload_env(python), **hx.ENV}, cwd=str(tmp_path))
     assert launch.returncode == 0, simnodes.describe_failure(launch, list(range(sum(layout))))
     hx._check_output(example, launch.stdout + launch.stderr)  # pylint: disable=protected-access
+
+
+@layouts("1+1+1", "3+2+1")
+def test_keras_digits_async_reaches_090(layout, cluster, tmp_path):
+    # The example in async mode, its segments homed on every node, each node's
+    # pushes combined in its box before they cross.
+    world = sum(layout)
+    python = cluster.python()
+    launch = cluster.mpirun(world, layout, [*python, KERAS_DIGITS, "--mode=async"], 900,
+                            {**cluster.preload_env(python), **ENV})
+    assert launch.returncode == 0, simnodes.describe_failure(launch, list(range(world)))
+    for rank in range(world):
+        accs = [float(a) for a in re.findall(r"test accuracy: *([0-9.]+)",
+                                             launch.rank_output(rank))]
+        assert accs and accs[-1] >= 0.90, (
+            f"rank {rank}: test accuracies {accs}\n{launch.rank_output(rank)[-3000:]}")
+
+
+def test_uneven_nodes_lose_a_node_and_the_survivors_train_on(cluster, tmp_path):
+    # 1+2+1 async (ranks 0 | 1, 2 | 3): node 2 dies at epoch 1; the survivors,
+    # one node with a rank beyond the streams, hear 2 of 3 nodes, count it lost,
+    # move its segments and finish with equal weights.
+    run = cluster.start_mpirun(
+        4, [1, 2, 1], [sys.executable, DIGITS, "--epochs", "8", "--kill_epoch", "1",
+                       "--marker_dir", str(tmp_path)],
+        env={"TF_SMB_TIMEOUT": "300"}, extra_mca=[("orte_enable_recovery", "1")])
+    failed = None
+    try:
+        _wait_for([tmp_path / f"held{r}" for r in range(4)], run, "training reached epoch 1")
+        assert len(cluster.kill_in_node(2, "digits_async")) == 1
+        (tmp_path / "go").touch()
+        _wait_for([tmp_path / f"rank{r}.json" for r in range(3)], run, "the survivors finished")
+        _wait_gone(cluster, 60)
+    except AssertionError as e:
+        failed = e
+    finally:
+        cluster.kill_processes()
+        out, err = run.kill()
+    said = simnodes.rank_outputs(out or "", err or "")
+    shown = "".join(f"\n--- rank {r}:\n{_without_noise(said.get(r, ''))[-3000:]}"
+                    for r in range(4))
+    assert failed is None, f"{failed}{shown}"
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    for rank, res in enumerate(results):
+        assert re.search(r"rank\(s\) 3 \(node 2\).* lost .*goes on without them",
+                         said.get(rank, "")), f"rank {rank} did not name rank 3 lost{shown}"
+        assert res["accuracy"] >= 0.85, f"rank {rank}: {res}{shown}"
+        assert res["weights_sum"] == results[0]["weights_sum"], f"{results}{shown}"
