@@ -135,17 +135,36 @@ FULL_TESTS = (
     # nodes (fast: the allreduce, async, epoch-time, replica-thread and nodes smokes).
     "test_benchmark_suite_smoke.py::test_benchmark_suite_smoke",
     "test_benchmark_nodes_smoke.py::test_benchmark_straggler_smoke",
-    # Sync equality and the timeline at 4 nodes and on 1+4 workers (fast: at 3 nodes,
-    # 3x1, 3x2, 3+2+1, 2+1).
+    # At 4 nodes: sync equality and the timeline, pushes, Horovod's API and process sets,
+    # the async example; sync equality on 1+4 workers (fast: the same at 3 nodes, and
+    # sync equality at 3x1, 3x2, 3+2+1, 2+1).
     "test_nodes_layouts.py::test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline"
     "[1+1+1+1]",
     "test_nodes_layouts.py::test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline"
     "[1+4]",
+    "test_nodes_layouts.py::test_pushes_to_segments_homed_on_every_node_lose_nothing[1+1+1+1]",
+    "test_nodes_layouts.py::test_horovod_api_and_process_sets_spanning_the_nodes[1+1+1+1]",
+    "test_nodes_layouts.py::test_keras_digits_async_reaches_090[1+1+1+1]",
     # The case that split a job in two, at once: a node dies as a survivor's MPI thread
     # sticks (fast: the same one after the other, test_nodes_layouts.py); the async
     # example on 3+2+1 (fast: on 1+1+1).
     "test_nodes_layouts.py::test_no_split_brain_when_a_node_dies_as_a_survivors_mpi_thread_sticks",
     "test_nodes_layouts.py::test_keras_digits_async_reaches_090[3+2+1]",
+    # Sync equality at 3x2 (fast: 3+2+1, 3x1); the 3-node harness's smoke (fast: every
+    # test_nodes_layouts.py test runs on it).
+    "test_nodes_layouts.py::test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline"
+    "[2+2+2]",
+    "test_nodes.py::test_smoke_three_uneven_nodes_on_one_bridge_each_reach_the_others",
+    # At 2x2: the async example with delta pushes, and pushes to segments on both nodes
+    # (fast: both at 3 nodes, on 1+1+1, 2+1, 1+2+2; the example's box SGD at 2x2).
+    "test_nodes_async.py::test_keras_digits_async_across_nodes_reaches_090[delta]",
+    "test_nodes_async.py::test_pushes_from_both_nodes_to_segments_on_both_nodes_lose_nothing",
+    # The socket check across nodes catching a planted listener (fast: the same check on
+    # one node, and across nodes finding only Open MPI's sockets).
+    "test_sockets.py::test_across_nodes_check_sees_a_planted_listener",
+    # The job-wide order of 20 rounds of collectives at 3 workers (fast: at 2, and at 2x2
+    # across nodes).
+    "test_ordering.py::test_independent_collectives_pair_correctly_20_rounds[3]",
     # Sync equality at 2x1 and 2x3 (fast: 2x2 there, and 3x1, 3x2, 3+2+1, 2+1 in
     # test_nodes_layouts.py).
     "test_nodes.py::test_fit_2x1_equals_one_process_on_global_batch",

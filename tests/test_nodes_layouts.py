@@ -136,15 +136,15 @@ def test_every_dtype_and_a_broadcast_from_a_rank_without_counterparts(layout, cl
         assert r["bad"] == [], f"rank {r['rank']}: {r['bad']}"
 
 
-@layouts("1+1+1", "2+1", "1+2+2")
-def test_pushes_to_segments_homed_on_every_node_lose_nothing(layout, cluster, tmp_path):
+@layouts("1+1+1", "2+1", "1+2+2", "1+1+1+1")
+def test_pushes_to_segments_homed_on_every_node_lose_nothing(layout, request, tmp_path):
     # Every rank pushes +1 PUSHES times to every segment (and reads); each
     # segment's home is the node holding the fewest segment bytes so far, so
     # with 3 nodes every node is home to some. Pushes combine per node first.
     nodes = len([n for n in layout if n])
     world = sum(layout)
     launch, results = simnodes.launch_workers(
-        cluster, layout, [SEGMENTS, "--pushes", str(PUSHES)], 600, str(tmp_path), ENV)
+        on(layout, request), layout, [SEGMENTS, "--pushes", str(PUSHES)], 600, str(tmp_path), ENV)
     segments = results[0]["segments"]
     homes = dict(zip([n for n, _ in segments],
                      placement([spec_bytes(s) for _, s in segments], nodes)))
@@ -283,9 +283,9 @@ def horovod_placement(layout):
     return out
 
 
-@layouts("1+1+1", "3+2+1")
-def test_horovod_api_and_process_sets_spanning_the_nodes(layout, cluster, tmp_path):
-    results = simnodes.run_workers(cluster, layout, [HOROVOD_API, "layout"], 600,
+@layouts("1+1+1", "3+2+1", "1+1+1+1")
+def test_horovod_api_and_process_sets_spanning_the_nodes(layout, request, tmp_path):
+    results = simnodes.run_workers(on(layout, request), layout, [HOROVOD_API, "layout"], 600,
                                    str(tmp_path), ENV)
     world = sum(layout)
     evens, mixed = list(range(0, world, 2)), sorted({0, 1, world - 1})
@@ -314,11 +314,12 @@ def test_horovods_keras_mnist_example_across_the_nodes(layout, cluster, tmp_path
     hx._check_output(example, launch.stdout + launch.stderr)  # pylint: disable=protected-access
 
 
-@layouts("1+1+1", "3+2+1")
-def test_keras_digits_async_reaches_090(layout, cluster, tmp_path):
+@layouts("1+1+1", "3+2+1", "1+1+1+1")
+def test_keras_digits_async_reaches_090(layout, request, tmp_path):
     # The example in async mode, its segments homed on every node, each node's
     # pushes combined in its box before they cross.
     world = sum(layout)
+    cluster = on(layout, request)
     python = cluster.python()
     launch = cluster.mpirun(world, layout, [*python, KERAS_DIGITS, "--mode=async"], 900,
                             {**cluster.preload_env(python), **ENV})

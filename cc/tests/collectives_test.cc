@@ -20,6 +20,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -41,28 +42,31 @@ namespace {
 
 using smb_test::Check;
 
-// The nodes the ranks of RunRanks are spread over (main runs the tests with 1
-// and with 2).
+// The nodes the ranks of RunRanks are spread over (main runs the tests with 1,
+// 2 and 3), evenly, or in these sizes when given (nodes of different sizes).
 int nodes = 1;
+std::vector<int> sizes;
 
 // Runs body(rank, comm) on `world` threads, each with its own Communicator.
 // Across nodes, each node's ranks meet in a ThreadGroup (the node's box) and
 // the nodes are joined by the link between nodes over a ThreadNetwork.
 void RunRanks(int world, size_t staging, double timeout_s,
               const std::function<void(int, std::shared_ptr<smb::Communicator>)>& body) {
-  const int local_size = world / nodes;
-  Check(local_size * nodes == world, "a world of " + std::to_string(world) + " over " +
-                                         std::to_string(nodes) + " nodes");
+  std::vector<int> per_node = sizes.empty() ? std::vector<int>(nodes, world / nodes) : sizes;
+  Check(std::accumulate(per_node.begin(), per_node.end(), 0) == world,
+        "a world of " + std::to_string(world) + " over " + std::to_string(per_node.size()) +
+            " nodes");
   std::vector<std::unique_ptr<smb::ThreadGroup>> boxes;
-  for (int n = 0; n < nodes; ++n) {
-    boxes.push_back(std::make_unique<smb::ThreadGroup>(local_size, staging, size_t{16} << 20));
+  for (int n : per_node) {
+    boxes.push_back(std::make_unique<smb::ThreadGroup>(n, staging, size_t{16} << 20));
   }
-  smb::ThreadNetwork network(nodes, local_size);
+  smb::ThreadNetwork network(per_node);
+  const bool linked = per_node.size() > 1;
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       std::shared_ptr<smb::NodeLink> link;
-      if (nodes > 1) {
+      if (linked) {
         smb::LinkOptions options;
         options.rank = r;
         options.world = world;
@@ -71,8 +75,8 @@ void RunRanks(int world, size_t staging, double timeout_s,
         Check(s.ok(), "rank " + std::to_string(r) + " starting the link: " + s.ToString());
         if (!s.ok()) return;
       }
-      body(r, smb::Communicator::Create(boxes[r / local_size]->Join(r % local_size), timeout_s,
-                                        link));
+      body(r, smb::Communicator::Create(
+                  boxes[network.node_of(r)]->Join(network.local_of(r)), timeout_s, link));
       if (link) link->Stop();  // before the network goes
     });
   }
@@ -199,14 +203,15 @@ void TestRecoverableDisagreement(int world) {
                                                    {static_cast<int64_t>(a.size())}, a.data(),
                                                    out.data()}});
                         });
-    // Across nodes, the node whose ranks disagree names them; with a rank a
-    // node, the nodes disagree, and each is named with its node.
-    const bool by_node = nodes > 1 && world == nodes;
+    // Across nodes, the node whose ranks disagree names them; where the odd
+    // rank is alone on its node, the nodes disagree, and each is named with
+    // its node.
+    const bool by_node = nodes > 1 && (world == nodes || (!sizes.empty() && sizes.back() == 1));
     const std::string first = by_node      ? "rank 0 (node 0): [3], "
                               : nodes == 1 ? "rank 0: [3], "
                                            : "rank " + std::to_string(world - 2) + ": [3], ";
     const std::string last = "rank " + std::to_string(world - 1) +
-                             (by_node ? " (node " + std::to_string(world - 1) + ")" : "") +
+                             (by_node ? " (node " + std::to_string(nodes - 1) + ")" : "") +
                              ": [4])";
     Check(s.code() == smb::Code::kFailedPrecondition &&
               s.message().find("hvd.allreduce: the ranks disagree on the shape (" + first) == 0 &&
@@ -705,6 +710,12 @@ int main() {
   // Across nodes (1 and 2 ranks a node), over the link between nodes.
   TestCollectives(2, {2, 4});
   TestCollectives(3, {3, 6});
+  // Nodes of different sizes, 2 + 1 ranks: node 0's rank 1 has no counterpart
+  // and learns each outcome through the box; a broadcast from it crosses from
+  // rank 0; it joins with the rest.
+  sizes = {2, 1};
+  TestCollectives(2, {3});
+  sizes.clear();
   TestGoneRankFailsTheOthers();
   TestStepClock();
   TestWaitAllFinishedWaitsForTheSameRound();

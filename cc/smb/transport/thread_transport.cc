@@ -1,5 +1,6 @@
 #include "cc/smb/transport/thread_transport.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -31,17 +32,13 @@ class ThreadTransport : public Transport {
                              ", but the link was told rank " + std::to_string(rank) + " of " +
                              std::to_string(world));
     }
-    const int local = net_->local_size_;
     layout->rank = rank;
     layout->world = world;
     layout->nodes = net_->nodes_;
-    layout->node_of.resize(world);
-    layout->local_of.resize(world);
-    layout->local_size_of.assign(world, local);
-    for (int r = 0; r < world; ++r) {
-      layout->node_of[r] = r / local;
-      layout->local_of[r] = r % local;
-    }
+    layout->node_of = net_->node_of_;
+    layout->local_of = net_->local_of_;
+    layout->local_size_of.resize(world);
+    for (int r = 0; r < world; ++r) layout->local_size_of[r] = net_->sizes_[net_->node_of_[r]];
     // Like MPI_Init, joining waits for every rank.
     std::unique_lock<std::mutex> lock(net_->mu_);
     ++net_->started_;
@@ -97,7 +94,7 @@ class ThreadTransport : public Transport {
     *error = Status::Ok();
     if (!mine->collective) return true;
     std::lock_guard<std::mutex> lock(net_->mu_);
-    auto& rounds = net_->rounds_[rank_ % net_->local_size_];
+    auto& rounds = net_->rounds_[net_->local_of_[rank_]];
     ThreadNetwork::Round& round = rounds.at(mine->round);
     if (round.arrived < net_->nodes_) return false;
     if (round.error.ok() && round.result.empty() && mine->out_bytes > 0) Combine(&round);
@@ -120,10 +117,10 @@ class ThreadTransport : public Transport {
     transfer->round = next_round_++;
     transfer->out = out;
     transfer->out_bytes = out_bytes;
-    const int node = rank_ / net_->local_size_;
+    const int node = net_->node_of_[rank_];
     {
       std::lock_guard<std::mutex> lock(net_->mu_);
-      auto& rounds = net_->rounds_[rank_ % net_->local_size_];
+      auto& rounds = net_->rounds_[net_->local_of_[rank_]];
       auto it = rounds.find(transfer->round);
       if (it == rounds.end()) {
         ThreadNetwork::Round round{kind, dtype, bytes, root, {}};
@@ -176,12 +173,23 @@ class ThreadTransport : public Transport {
 };
 
 ThreadNetwork::ThreadNetwork(int nodes, int local_size)
-    : nodes_(nodes),
-      local_size_(local_size),
-      inboxes_(static_cast<size_t>(nodes) * local_size),
-      cut_(static_cast<size_t>(nodes) * local_size, false),
-      stalled_(static_cast<size_t>(nodes) * local_size, false),
-      rounds_(local_size) {}
+    : ThreadNetwork(std::vector<int>(nodes, local_size)) {}
+
+ThreadNetwork::ThreadNetwork(std::vector<int> sizes)
+    : sizes_(std::move(sizes)), nodes_(static_cast<int>(sizes_.size())) {
+  for (int n = 0; n < nodes_; ++n) {
+    for (int local = 0; local < sizes_[n]; ++local) {
+      node_of_.push_back(n);
+      local_of_.push_back(local);
+    }
+  }
+  const size_t world = node_of_.size();
+  inboxes_.resize(world);
+  cut_.assign(world, false);
+  stalled_.assign(world, false);
+  // Counterparts: local rank r of every node, for the r every node has.
+  rounds_.resize(sizes_.empty() ? 0 : *std::min_element(sizes_.begin(), sizes_.end()));
+}
 
 std::unique_ptr<Transport> ThreadNetwork::Connect(int rank) {
   return std::make_unique<ThreadTransport>(this, rank);

@@ -1,5 +1,6 @@
 // A transport (transport.h) whose ranks are threads of one process: `nodes`
-// x `local_size` ranks, rank r on node r / local_size. The link between nodes
+// x `local_size` ranks, rank r on node r / local_size; or nodes of the given
+// sizes, filled in rank order. The link between nodes
 // (link/transport_link.h) runs over it unchanged, so its coordination (the
 // job-wide order, the memory server, clocks, lost ranks, failures) is tested
 // in one process, under ThreadSanitizer and AddressSanitizer
@@ -27,6 +28,7 @@ namespace smb {
 class ThreadNetwork {
  public:
   ThreadNetwork(int nodes, int local_size);
+  explicit ThreadNetwork(std::vector<int> sizes);
   ThreadNetwork(const ThreadNetwork&) = delete;
   ThreadNetwork& operator=(const ThreadNetwork&) = delete;
 
@@ -42,8 +44,9 @@ class ThreadNetwork {
   void Resume(int rank);
 
   int nodes() const { return nodes_; }
-  int local_size() const { return local_size_; }
-  int world() const { return nodes_ * local_size_; }
+  int world() const { return static_cast<int>(node_of_.size()); }
+  int node_of(int rank) const { return node_of_[rank]; }
+  int local_of(int rank) const { return local_of_[rank]; }
 
  private:
   friend class ThreadTransport;
@@ -64,7 +67,9 @@ class ThreadNetwork {
     Status error;  // the counterparts disagree on the collective
   };
 
-  const int nodes_, local_size_;
+  const std::vector<int> sizes_;  // ranks on each node
+  const int nodes_;
+  std::vector<int> node_of_, local_of_;  // by rank
   std::mutex mu_;
   std::condition_variable started_cv_;
   std::condition_variable resumed_cv_;
