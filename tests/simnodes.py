@@ -280,7 +280,17 @@ class SimulatedNodes:
 
     def _start_holder(self, ns: str, hostname: str) -> None:
         hosts = os.path.join(self.dir, "hosts")
-        tmp = "mount -t tmpfs -o mode=1777 tmpfs /tmp && " if self.private_tmp else ""
+        tmp = ""
+        if self.private_tmp:
+            # The node's own /tmp, but what the nodes run from stays visible: the
+            # machine's /tmp is kept at /mnt (in this mount namespace only) and
+            # the folders under it that hold the checkout, the Python
+            # environment and this cluster's files are bound back in place.
+            real = [os.path.realpath(p) for p in (harness.REPO, sys.prefix, self.dir)]
+            keep = sorted({"/tmp/" + p.split("/")[2] for p in real if p.startswith("/tmp/")})
+            tmp = "mount --bind /tmp /mnt && mount -t tmpfs -o mode=1777 tmpfs /tmp && "
+            tmp += "".join(f"mkdir -p {k} && mount --bind /mnt/{k[len('/tmp/'):]} {k} && "
+                           for k in keep)
         # /etc/hosts first: its source is under the machine's /tmp, which a
         # private /tmp would hide.
         script = (f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm && "
