@@ -81,10 +81,18 @@ def single():
 
     def get(batch):
         if batch not in cache:
-            cache[batch] = run_single([KERAS, "fit", "--batch", str(batch)],
+            cache[batch] = run_single([KERAS, "fit", "--batch", str(batch), *rows(batch)],
                                       timeout=300).check().json()
         return cache[batch]
     return get
+
+
+def rows(global_batch):
+    """The fit scenario's rows for a global batch: its 96, or 3 global batches
+    where 96 does not split into whole ones (5 workers): every batch then splits
+    evenly over the workers, as equality with one process needs (an uneven last
+    batch is issue 56's)."""
+    return [] if 96 % global_batch == 0 else ["--rows", str(3 * global_batch)]
 
 
 @layouts(*FIT_LAYOUTS)
@@ -94,7 +102,8 @@ def test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline(
     world = sum(layout)
     folder = f"/dev/shm/tf_smb-test-layouts-{os.getpid()}"
     trace = folder + "/fit.json"
-    results = simnodes.run_workers(sim, layout, [KERAS, "fit", "--batch", str(B)], 600,
+    results = simnodes.run_workers(sim, layout, [KERAS, "fit", "--batch", str(B),
+                                                 *rows(world * B)], 600,
                                    str(tmp_path), {**ENV, "TF_SMB_TIMELINE": trace})
     read = sim.run(0, ["cat", trace])
     for node in range(sim.count):

@@ -23,7 +23,7 @@ from common import build, data, report
 
 
 def scenario_fit(strategy, a):
-    x, y = data()
+    x, y = data(n=a.rows)
     world = strategy.num_replicas_in_sync
     model = build(strategy)
     ds = (tf.data.Dataset.from_tensor_slices((x, y))
@@ -466,6 +466,9 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenario")
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--rows", type=int, default=96,
+                   help="fit's training rows (a multiple of the global batch keeps every "
+                        "batch split evenly)")
     p.add_argument("--out_dir", default="/tmp")
     p.add_argument("--result_dir", default=None,
                    help="also write the result to RESULT_DIR/rank<r>.json")
