@@ -250,9 +250,13 @@ def test_a_node_lost_then_a_survivor_with_a_stuck_mpi_thread(cluster, tmp_path):
 
 
 def test_no_split_brain_when_a_node_dies_as_a_survivors_mpi_thread_sticks(cluster, tmp_path):
-    # The case that split a job in two: node 2 dies and, at the same time,
-    # rank 1's MPI thread sticks. Rank 0 hears only itself of 3 nodes, rank 1
-    # no one: neither may train on as a job of its own; both stop saying so.
+    # The case that split a job in two: node 2 dies and, at about the same
+    # time, rank 1's MPI thread sticks. Rank 1 hears no one and must stop,
+    # saying it is cut off. Rank 0 stops too when it finds both silent at once
+    # (it hears 1 of 3 nodes); when it finds rank 1 silent first (a loaded
+    # machine), it counts it lost with node 2 still heard, and then goes on
+    # alone with half of the 2 nodes left, holding the lowest. Either way at
+    # most one side goes on: never two jobs training apart.
     run = _start_digits(cluster, tmp_path)
     frozen = failed = None
     try:
@@ -272,9 +276,10 @@ def test_no_split_brain_when_a_node_dies_as_a_survivors_mpi_thread_sticks(cluste
     shown = "".join(f"\n--- rank {r}:\n{_without_noise(said.get(r, ''))[-3000:]}"
                     for r in range(3))
     assert failed is None, f"{failed}{shown}"
-    for rank in (0, 1):
-        assert not (tmp_path / f"rank{rank}.json").exists(), f"rank {rank} trained on{shown}"
-        assert re.search(CUT_OFF.format(rank=rank, alive=3), said.get(rank, "")), shown
+    assert not (tmp_path / "rank1.json").exists(), f"rank 1 trained on alone{shown}"
+    assert re.search(CUT_OFF.format(rank=1, alive=r"[23]"), said.get(1, "")), shown
+    if not re.search(CUT_OFF.format(rank=0, alive=3), said.get(0, "")):
+        assert re.search(LOST.format(rank=1), said.get(0, "")), shown  # it went on alone
 
 
 HOROVOD_API = os.path.join(WORKERS, "horovod_api_worker.py")
