@@ -2,7 +2,7 @@
 # Installs what the tests need and runs them (tests/conftest.py declares the tiers).
 #   bash tools/test.sh            # the fast tier: what CI runs on every change (~14.5 minutes)
 #   bash tools/test.sh --full     # both tiers, then the Keras-facing tests on every other
-#                                 # tested pair: the conformance proofs (~30 minutes); run it
+#                                 # tested pair: the conformance proofs (~40 minutes); run it
 #                                 # before calling an issue resolved
 #   bash tools/test.sh --quick    # the quick tier (tests/conftest.py's QUICK), under 3 minutes
 #   bash tools/test.sh --keras PAIR   # the Keras-facing tests on one tested TensorFlow +
