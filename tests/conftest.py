@@ -165,6 +165,10 @@ FULL_TESTS = (
     # The job-wide order of 20 rounds of collectives at 3 workers (fast: at 2, and at 2x2
     # across nodes).
     "test_ordering.py::test_independent_collectives_pair_correctly_20_rounds[3]",
+    # A killed node ending a sync job under mpirun's default (fast: mpirun ending a job
+    # whose node was killed, test_smoke_killed_ranks_of_a_node_end_mpirun, and sync
+    # survivors failing naming the lost ranks, test_nodes_collectives.py).
+    "test_nodes.py::test_killed_node_ends_the_job_promptly",
     # Sync equality at 2x1 and 2x3 (fast: 2x2 there, and 3x1, 3x2, 3+2+1, 2+1 in
     # test_nodes_layouts.py).
     "test_nodes.py::test_fit_2x1_equals_one_process_on_global_batch",
