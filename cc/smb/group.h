@@ -92,6 +92,17 @@ class Group {
   int AgreeParity() const { return static_cast<int>(collectives_ & 1); }
   // Which staging buffer (0 or 1) the next chunk uses: double buffering.
   int NextStagingBuffer() { return static_cast<int>(chunks_++ & 1); }
+  // This rank's buffer of at least `bytes` for its share of an all-reduce
+  // across nodes (private: the link sends and receives in it), kept for the
+  // next one and grown when too small.
+  char* Carrier(size_t bytes) {
+    if (carrier_.size() < bytes) carrier_ = std::vector<char>(bytes);
+    return carrier_.data();
+  }
+  // After a failed cross-node all-reduce: the link may still write into the
+  // carrier (an operation no counterpart finished), so it is kept as it is
+  // and the next all-reduce takes a new one.
+  void RetireCarrier() { retired_carriers_.push_back(std::move(carrier_)); carrier_.clear(); }
 
   // Waits until done() holds, re-checking whenever the group's control words
   // change; fails on the group's failure, or after the timeout naming the
@@ -189,6 +200,8 @@ class Group {
   std::string next_agreement_;  // see SetNextAgreement
   std::string agreement_;       // the current collective's, from AgreeHere to AgreeAcrossNodes
   std::vector<char> learned_;   // the nodes' verdicts LearnAcrossNodes got, for AgreeAcrossNodes
+  std::vector<char> carrier_;   // see Carrier
+  std::vector<std::vector<char>> retired_carriers_;  // see RetireCarrier
 };
 
 }  // namespace smb

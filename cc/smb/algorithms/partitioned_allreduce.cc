@@ -13,9 +13,20 @@ namespace {
 
 size_t AlignTo64(size_t n) { return (n + 63) / 64 * 64; }
 
-// Across nodes, a rank's slice of a chunk goes over the network in pieces of
-// this size, so summing the next piece on the node overlaps the transfer.
-constexpr size_t kLinkSliceBytes = size_t{128} << 10;
+// Across nodes, a rank's share goes over the network in pieces: each piece
+// starts as soon as its bytes are summed on the node, so summing the next
+// overlaps the transfer, and every piece is in flight at once, so the link
+// never waits for this rank. A piece is at least kLinkPieceMinBytes per node
+// (the ring's messages stay past per-message costs) and, within that, a
+// sixteenth of the share (the first starts early), at most kLinkPieceMaxBytes.
+constexpr size_t kLinkPieceMinBytes = size_t{64} << 10;
+constexpr size_t kLinkPieceMaxBytes = size_t{8} << 20;
+
+size_t LinkPieceBytes(int nodes, size_t share, size_t elem) {
+  const size_t least = kLinkPieceMinBytes * static_cast<size_t>(nodes);
+  const size_t bytes = std::max(least, std::min(kLinkPieceMaxBytes, share / 16));
+  return std::max(elem, bytes / elem * elem);
+}
 
 // dst (and copy, if not null) = srcs[0] + srcs[1] + ... in rank order, n
 // elements. Sums a small block at a time in a local buffer, so dst may be
@@ -52,18 +63,13 @@ void CopyThrough(const std::vector<TensorRef>& tensors) {
   }
 }
 
-// The reduction of tensors that passed Agree(); with `shared_out` the
-// outputs are in a result buffer every rank reads. Across nodes, rank r's
-// node-partial sum of its slice goes into its staging buffer, is summed with
-// local rank r of every other node through the link, and comes back to its
-// outputs; the node's ranks then copy it out as on one node.
-Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool shared_out) {
+// The reduction of tensors that passed Agree(), on one node; with
+// `shared_out` the outputs are in a result buffer every rank reads. Chunk by
+// chunk through the staging buffers: rank q sums slice q of the chunk for
+// everyone, and the others copy it out.
+Status ReduceChunksOnNode(Group& group, const std::vector<TensorRef>& tensors, bool shared_out) {
   Peers* peers = group.peers();
-  NodeLink* link = group.link();
   const int world = group.world(), rank = group.rank();
-  // Rank q < slices sums slice q for everyone (and carries it across nodes);
-  // on a node larger than the job's smallest, the other ranks' slices are empty.
-  const int slices = group.slices();
   const int trace_rank = group.job_rank();  // the timeline's rows are job ranks
   const size_t staging = peers->staging_bytes();
   std::vector<const char*> sources(world);
@@ -79,7 +85,7 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
       const int buffer = group.NextStagingBuffer();
       // Rank q sums bytes [lo(q), lo(q + 1)) of the chunk for everyone.
       const size_t n = len / elem;
-      auto lo = [&](int q) { return n * std::min(q, slices) / slices * elem; };
+      auto lo = [&](int q) { return n * q / world * elem; };
       const size_t my_lo = lo(rank), my_hi = lo(rank + 1);
       char* mine = peers->staging(buffer, rank);
       {
@@ -88,37 +94,7 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
         GatherBytes(pieces, offset + my_hi, len - my_hi, mine + my_hi);
       }
       SMB_RETURN_IF_ERROR(group.Sync("allreduce (staging)"));
-      if (link != nullptr) {
-        // Across nodes: my slice in pieces of kLinkSliceBytes, each summed on
-        // this node into my staging and then sent across while the next
-        // piece is summed here.
-        std::vector<std::shared_ptr<LinkOp>> in_flight;
-        const size_t step = std::max(elem, kLinkSliceBytes / elem * elem);
-        for (size_t from = my_lo; from < my_hi; from += step) {
-          const size_t to = std::min(my_hi, from + step);
-          {
-            timeline::Scope phase(trace_rank, timeline::kCollectives, "reduce");
-            ForRange(pieces, offset + from, to - from,
-                     [&](const Piece& p, size_t at, size_t pos, size_t bytes) {
-                       for (int q = 0; q < world; ++q) {
-                         sources[q] =
-                             q == rank ? p.in + at : peers->staging(buffer, q) + from + pos;
-                       }
-                       SumRanks(dtype, sources, mine + from + pos, nullptr, bytes / elem);
-                     });
-          }
-          in_flight.emplace_back();
-          SMB_RETURN_IF_ERROR(link->StartAllReduceSum(dtype, mine + from, (to - from) / elem,
-                                                      &in_flight.back()));
-        }
-        {
-          timeline::Scope phase(trace_rank, timeline::kCollectives, "across nodes");
-          for (const auto& op : in_flight) SMB_RETURN_IF_ERROR(link->Wait(op, group.timeout_s()));
-        }
-        // My outputs get the job's sums; the node's other ranks copy them
-        // from my staging below.
-        ScatterBytes(mine + my_lo, offset + my_lo, my_hi - my_lo, pieces);
-      } else {
+      {
         timeline::Scope phase(trace_rank, timeline::kCollectives, "reduce");
         // A large result buffer is read from memory anyway, not from a cache.
         const bool stream = shared_out && total >= kStreamingCopyBytes;
@@ -144,6 +120,133 @@ Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool sh
     }
   }
   return Status::Ok();
+}
+
+// Waits for every operation in `ops` (even after one failed: the link may
+// still use the carrier until then), the first failure its outcome.
+Status WaitAll(Group& group, const std::vector<std::shared_ptr<LinkOp>>& ops) {
+  Status first;
+  for (const auto& op : ops) {
+    Status s = group.link()->Wait(op, group.timeout_s());
+    if (first.ok() && !s.ok()) first = std::move(s);
+  }
+  return first;
+}
+
+// The same across nodes. Rank q < slices sums slice q of each chunk on its
+// node (staging as above) into its carrier (Group::Carrier): its share of the
+// whole all-reduce, which the link sums with local rank q of every other node
+// in pieces, all in flight at once (LinkPieceBytes), while the next chunks are
+// summed. Once every piece is back, each rank writes its share's sums to its
+// outputs, and (unless the outputs are shared) passes them through its
+// staging to the node's other ranks, chunk by chunk.
+Status ReduceChunksAcrossNodes(Group& group, const std::vector<TensorRef>& tensors,
+                               bool shared_out) {
+  Peers* peers = group.peers();
+  NodeLink* link = group.link();
+  const int world = group.world(), rank = group.rank();
+  // On a node larger than the job's smallest, ranks >= slices have empty slices.
+  const int slices = group.slices();
+  const int trace_rank = group.job_rank();
+  const size_t staging = peers->staging_bytes();
+  std::vector<const char*> sources(world);
+  for (int32_t code = 1; code <= kNumDTypes; ++code) {
+    const DType dtype = static_cast<DType>(code);
+    const size_t elem = DTypeSize(dtype);
+    size_t total = 0;
+    std::vector<Piece> pieces = PiecesOf(tensors, &total, dtype);
+    if (total == 0) continue;
+    const size_t chunk = staging / elem * elem;
+    // Rank q sums bytes [lo(len, q), lo(len, q + 1)) of a chunk of len bytes.
+    auto lo = [&](size_t len, int q) {
+      return len / elem * static_cast<size_t>(std::min(q, slices)) / slices * elem;
+    };
+    size_t share = 0;  // my bytes over all chunks
+    for (size_t offset = 0; offset < total; offset += chunk) {
+      const size_t len = std::min(chunk, total - offset);
+      share += lo(len, rank + 1) - lo(len, rank);
+    }
+    char* carrier = group.Carrier(share);
+    const size_t piece = LinkPieceBytes(link->nodes(), share, elem);
+    std::vector<std::shared_ptr<LinkOp>> in_flight;
+    size_t summed = 0, sent = 0;  // carrier bytes summed on the node, handed to the link
+    auto send = [&](size_t upto) -> Status {
+      while (sent < upto) {
+        const size_t bytes = std::min(piece, upto - sent);
+        in_flight.emplace_back();
+        SMB_RETURN_IF_ERROR(
+            link->StartAllReduceSum(dtype, carrier + sent, bytes / elem, &in_flight.back()));
+        sent += bytes;
+      }
+      return Status::Ok();
+    };
+    Status status;
+    for (size_t offset = 0; offset < total && status.ok(); offset += chunk) {
+      const size_t len = std::min(chunk, total - offset);
+      const size_t my_lo = lo(len, rank), my_hi = lo(len, rank + 1);
+      if (world > 1) {
+        const int buffer = group.NextStagingBuffer();
+        char* mine = peers->staging(buffer, rank);
+        {
+          timeline::Scope phase(trace_rank, timeline::kCollectives, "stage");
+          GatherBytes(pieces, offset, my_lo, mine);
+          GatherBytes(pieces, offset + my_hi, len - my_hi, mine + my_hi);
+        }
+        status = group.Sync("allreduce (staging)");
+        if (!status.ok()) break;
+        timeline::Scope phase(trace_rank, timeline::kCollectives, "reduce");
+        ForRange(pieces, offset + my_lo, my_hi - my_lo,
+                 [&](const Piece& p, size_t at, size_t pos, size_t bytes) {
+                   for (int q = 0; q < world; ++q) {
+                     sources[q] =
+                         q == rank ? p.in + at : peers->staging(buffer, q) + my_lo + pos;
+                   }
+                   SumRanks(dtype, sources, carrier + summed + pos, nullptr, bytes / elem);
+                 });
+      } else {
+        timeline::Scope phase(trace_rank, timeline::kCollectives, "stage");
+        GatherBytes(pieces, offset, len, carrier + summed);
+      }
+      summed += my_hi - my_lo;
+      // Whole pieces go now; the last one once the share is summed.
+      status = send(summed == share ? share : summed / piece * piece);
+    }
+    {
+      timeline::Scope phase(trace_rank, timeline::kCollectives, "across nodes");
+      Status waited = WaitAll(group, in_flight);
+      if (status.ok()) status = std::move(waited);
+    }
+    if (!status.ok()) {
+      group.RetireCarrier();
+      return status;
+    }
+    timeline::Scope phase(trace_rank, timeline::kCollectives, "copy out");
+    size_t at = 0;  // in the carrier
+    for (size_t offset = 0; offset < total; offset += chunk) {
+      const size_t len = std::min(chunk, total - offset);
+      const size_t my_lo = lo(len, rank), my_hi = lo(len, rank + 1);
+      ScatterBytes(carrier + at, offset + my_lo, my_hi - my_lo, pieces);
+      if (!shared_out && world > 1) {
+        const int buffer = group.NextStagingBuffer();
+        if (my_hi > my_lo) {
+          std::memcpy(peers->staging(buffer, rank) + my_lo, carrier + at, my_hi - my_lo);
+        }
+        SMB_RETURN_IF_ERROR(group.Sync("allreduce (reduction)"));
+        for (int q = 0; q < world; ++q) {
+          if (q == rank) continue;
+          ScatterBytes(peers->staging(buffer, q) + lo(len, q), offset + lo(len, q),
+                       lo(len, q + 1) - lo(len, q), pieces);
+        }
+      }
+      at += my_hi - my_lo;
+    }
+  }
+  return Status::Ok();
+}
+
+Status ReduceChunks(Group& group, const std::vector<TensorRef>& tensors, bool shared_out) {
+  return group.link() != nullptr ? ReduceChunksAcrossNodes(group, tensors, shared_out)
+                                 : ReduceChunksOnNode(group, tensors, shared_out);
 }
 
 // Whether `tensors` take ReduceSmallAcrossNodes (*dtype: their one dtype):

@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include "cc/smb/transport/ring_allreduce.h"
+
 namespace smb {
 namespace {
 
@@ -12,6 +14,8 @@ namespace {
 // input arrived and this rank copied the result out).
 struct ThreadTransfer : Transfer {
   bool collective = false;
+  bool receive = false;  // a point-to-point receive: from, tag, out, out_bytes
+  int from = 0, tag = 0;
   uint64_t round = 0;
   void* out = nullptr;
   size_t out_bytes = 0;
@@ -19,7 +23,7 @@ struct ThreadTransfer : Transfer {
 
 }  // namespace
 
-class ThreadTransport : public Transport {
+class ThreadTransport : public Transport, public PointToPoint {
  public:
   ThreadTransport(ThreadNetwork* network, int rank) : net_(network), rank_(rank) {}
 
@@ -71,8 +75,16 @@ class ThreadTransport : public Transport {
     return true;
   }
 
+  // All-reduces go around the ring (the MPI transport's for large ones), so
+  // the ring runs under the sanitizers with the link on top.
   Status StartAllReduceSum(DType dtype, void* data, size_t count,
                            std::unique_ptr<Transfer>* out) override {
+    if (net_->nodes_ > 1 && count > 0) {
+      auto ring = std::make_unique<RingAllReduce>(this, rings_++, dtype, data, count);
+      SMB_RETURN_IF_ERROR(ring->Start());
+      *out = std::move(ring);
+      return Status::Ok();
+    }
     return Join(ThreadNetwork::Kind::kAllReduceSum, dtype, data, count * DTypeSize(dtype), 0,
                 data, count * DTypeSize(dtype), out);
   }
@@ -90,8 +102,62 @@ class ThreadTransport : public Transport {
   }
 
   bool Test(Transfer* transfer, Status* error) override {
+    if (auto* ring = dynamic_cast<RingAllReduce*>(transfer)) return ring->Progress(error);
+    return TestTransfer(transfer, error);
+  }
+
+  // PointToPoint: local rank `local_of_[rank_]` of each node.
+  int node() const override { return net_->node_of_[rank_]; }
+  int nodes() const override { return net_->nodes_; }
+  int max_tag() const override { return 32767; }
+
+  Status StartSendTo(int node, int tag, const void* data, size_t bytes,
+                     std::unique_ptr<Transfer>* out) override {
+    const char* from = static_cast<const char*>(data);
+    {
+      std::lock_guard<std::mutex> lock(net_->mu_);
+      const int to = Counterpart(node);
+      if (!net_->cut_[rank_] && !net_->cut_[to]) {
+        net_->mail_[{to, rank_, tag}].emplace_back(from, from + bytes);
+      }
+    }
+    *out = std::make_unique<ThreadTransfer>();
+    return Status::Ok();
+  }
+
+  Status StartReceiveFrom(int node, int tag, void* data, size_t bytes,
+                          std::unique_ptr<Transfer>* out) override {
+    auto transfer = std::make_unique<ThreadTransfer>();
+    transfer->receive = true;
+    transfer->from = Counterpart(node);
+    transfer->tag = tag;
+    transfer->out = data;
+    transfer->out_bytes = bytes;
+    *out = std::move(transfer);
+    return Status::Ok();
+  }
+
+  bool TestTransfer(Transfer* transfer, Status* error) override {
     auto* mine = static_cast<ThreadTransfer*>(transfer);
     *error = Status::Ok();
+    if (mine->receive) {
+      std::lock_guard<std::mutex> lock(net_->mu_);
+      auto it = net_->mail_.find({rank_, mine->from, mine->tag});
+      if (it == net_->mail_.end()) return false;
+      std::vector<char>& message = it->second.front();
+      if (message.size() != mine->out_bytes) {
+        *error = Status(Code::kInternal, "rank " + std::to_string(rank_) + " expected " +
+                                             std::to_string(mine->out_bytes) + " bytes from rank " +
+                                             std::to_string(mine->from) + " with tag " +
+                                             std::to_string(mine->tag) + ", got " +
+                                             std::to_string(message.size()));
+      } else if (!message.empty()) {
+        std::memcpy(mine->out, message.data(), message.size());
+      }
+      it->second.pop_front();
+      if (it->second.empty()) net_->mail_.erase(it);
+      return true;
+    }
     if (!mine->collective) return true;
     std::lock_guard<std::mutex> lock(net_->mu_);
     auto& rounds = net_->rounds_[net_->local_of_[rank_]];
@@ -167,9 +233,17 @@ class ThreadTransport : public Transport {
     }
   }
 
+  // The rank with my local rank on `node`.
+  int Counterpart(int node) const {
+    int first = 0;
+    for (int n = 0; n < node; ++n) first += net_->sizes_[n];
+    return first + net_->local_of_[rank_];
+  }
+
   ThreadNetwork* net_;
   const int rank_;
   uint64_t next_round_ = 0;  // the link's thread only
+  uint64_t rings_ = 0;       // the link's thread only
 };
 
 ThreadNetwork::ThreadNetwork(int nodes, int local_size)

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "cc/smb/transport/transport.h"
@@ -78,6 +79,8 @@ class ThreadNetwork {
   std::vector<bool> cut_;
   std::vector<bool> stalled_;
   std::vector<std::map<uint64_t, Round>> rounds_;  // by local rank, then round number
+  // Point-to-point messages (the ring all-reduce's) by (to, from, tag), in order.
+  std::map<std::tuple<int, int, int>, std::deque<std::vector<char>>> mail_;
 };
 
 }  // namespace smb
