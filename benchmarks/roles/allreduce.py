@@ -74,14 +74,35 @@ def collective(kind: str) -> Tuple[int, int, Callable, Callable[[], None]]:
     return rank, world, reduce_fn, barrier
 
 
+def sent_bytes(dev: str) -> int:
+    """Bytes this process's network namespace has sent on interface `dev`."""
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name.strip() == dev:
+                return int(rest.split()[8])
+    raise RuntimeError(f"no interface {dev!r} in /proc/net/dev")
+
+
+def cpu_times() -> Tuple[float, float]:
+    """(busy, total) time of every core of the machine so far (/proc/stat's jiffies)."""
+    with open("/proc/stat") as f:
+        fields = [float(v) for v in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)  # less idle and iowait
+
+
 def time_collective(kind: str, label: str, shapes: Sequence[Tuple[int, ...]], iters: int,
                     warmup: int, rank: int, world: int, reduce_fn: Callable,
-                    barrier: Callable[[], None]) -> dict:
+                    barrier: Callable[[], None], link_dev: str = "") -> dict:
     """Checks the all-reduce of `shapes` once, then times `warmup + iters` of them.
 
     Every worker passes a barrier before each step, so all start it together; a step is
     the call plus the fetch of one element of the last result. Returns the result
-    (the timed steps' seconds and what was reduced).
+    (the timed steps' seconds and what was reduced). `link_dev`: also the bytes each
+    node sent on that interface over the timed steps (read by each node's first
+    worker in its own network namespace; the barriers' bytes included), in node
+    order: "node_sent_bytes". "cpu_busy": the share of the machine's cores busy
+    over the timed steps.
     """
     import numpy as np
     import tensorflow as tf
@@ -96,8 +117,14 @@ def time_collective(kind: str, label: str, shapes: Sequence[Tuple[int, ...]], it
                                  f"{got.shape}, values {np.unique(got)[:5]}, want all {expected}")
     del outputs, got
     times: List[float] = []
+    first_of_node = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0") == "0"
+    sent_before = 0
     for it in range(warmup + iters):
         barrier()
+        if it == warmup:
+            cpu_before = cpu_times()
+            if link_dev and first_of_node:
+                sent_before = sent_bytes(link_dev)
         start = time.perf_counter()
         outputs = reduce_fn(inputs)
         # Forces the result by fetching one element: numpy() of the whole tensor
@@ -107,9 +134,17 @@ def time_collective(kind: str, label: str, shapes: Sequence[Tuple[int, ...]], it
         del outputs
         if it >= warmup:
             times.append(elapsed)
+    busy, total = (a - b for a, b in zip(cpu_times(), cpu_before))
+    result = {"role": kind, "set": label, "world": world, "bytes": common.set_bytes(shapes),
+              "tensors": len(shapes), "times_s": times,
+              "cpu_busy": busy / total if total > 0 else None}
+    if link_dev:
+        # Each node's count in its first worker's slot, summed to every worker.
+        mine = float(sent_bytes(link_dev) - sent_before) if first_of_node else 0.0
+        slots = reduce_fn([tf.one_hot(rank, world) * mine])[0].numpy()
+        result["node_sent_bytes"] = [float(v) for v in slots if v > 0]
     barrier()
-    return {"role": kind, "set": label, "world": world, "bytes": common.set_bytes(shapes),
-            "tensors": len(shapes), "times_s": times}
+    return result
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -118,12 +153,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--sets", required=True, help="comma list of tensor sets")
     parser.add_argument("--iters", type=int, required=True, help="timed steps per set")
     parser.add_argument("--warmup", type=int, required=True, help="untimed steps first")
+    parser.add_argument("--link_dev", default="", help="report the bytes each node sent on "
+                        "this interface over the timed steps (simulated nodes: simeth0)")
     args = parser.parse_args(argv)
     # The collective first: MWMS must start before a Keras model initializes TensorFlow.
     rank, world, reduce_fn, barrier = collective(args.kind)
     for name in common.split_list(args.sets, ""):
         result = time_collective(args.kind, name, common.set_shapes(name), args.iters,
-                                 args.warmup, rank, world, reduce_fn, barrier)
+                                 args.warmup, rank, world, reduce_fn, barrier, args.link_dev)
         if rank == 0:
             common.print_result(result)
 

@@ -29,8 +29,8 @@ from typing import Dict, List, Optional, Sequence
 from benchmarks import common
 
 KINDS = ("smb_sync", "smb_async", "smb_async_push", "horovod", "hvd_api", "mwms", "single")
-FIT_MODELS = ("cnn", "mlp", "mlp10m", "resnet50")
-IMAGE_SHAPES = {"cnn": (28, 28, 1), "resnet50": (32, 32, 3)}
+FIT_MODELS = ("cnn", "mlp", "mlp10m", "resnet50", "small")
+IMAGE_SHAPES = {"cnn": (28, 28, 1), "resnet50": (32, 32, 3), "small": (1024,)}
 
 
 def fit_data(model: str, samples: int):
@@ -54,6 +54,10 @@ def _layers(model: str) -> list:
     if model == "mlp":
         return [keras.Input((784,)), keras.layers.Dense(512, activation="relu"),
                 keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)]
+    if model == "small":  # short steps: 0.4M parameters (1.6 MB of gradients)
+        return [keras.Input(IMAGE_SHAPES[model]),
+                *(keras.layers.Dense(256, activation="relu") for _ in range(3)),
+                keras.layers.Dense(10)]
     # mlp10m: communication-heavy, 11.6M parameters (46 MB of gradients)
     return [keras.Input((784,)), *(keras.layers.Dense(2048, activation="relu")
                                    for _ in range(3)),

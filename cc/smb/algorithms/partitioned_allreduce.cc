@@ -15,11 +15,13 @@ size_t AlignTo64(size_t n) { return (n + 63) / 64 * 64; }
 
 // Across nodes, a rank's share goes over the network in pieces: each piece
 // starts as soon as its bytes are summed on the node, so summing the next
-// overlaps the transfer, and every piece is in flight at once, so the link
-// never waits for this rank. A piece is at least kLinkPieceMinBytes per node
-// (the ring's messages stay past per-message costs) and, within that, a
-// sixteenth of the share (the first starts early), at most kLinkPieceMaxBytes.
-constexpr size_t kLinkPieceMinBytes = size_t{64} << 10;
+// overlaps the transfer, and the link has the next pieces at hand (the
+// transport keeps many in flight: ring_allreduce.h's RingQueue). A piece is
+// at least kLinkPieceMinBytes per node (a ring's messages stay past
+// per-message costs: 1 MB at 4 x 1 took 15 ms in 4 rings, 11 ms in one) and,
+// within that, a sixteenth of the share (the first starts early), at most
+// kLinkPieceMaxBytes.
+constexpr size_t kLinkPieceMinBytes = size_t{256} << 10;
 constexpr size_t kLinkPieceMaxBytes = size_t{8} << 20;
 
 size_t LinkPieceBytes(int nodes, size_t share, size_t elem) {
@@ -122,24 +124,13 @@ Status ReduceChunksOnNode(Group& group, const std::vector<TensorRef>& tensors, b
   return Status::Ok();
 }
 
-// Waits for every operation in `ops` (even after one failed: the link may
-// still use the carrier until then), the first failure its outcome.
-Status WaitAll(Group& group, const std::vector<std::shared_ptr<LinkOp>>& ops) {
-  Status first;
-  for (const auto& op : ops) {
-    Status s = group.link()->Wait(op, group.timeout_s());
-    if (first.ok() && !s.ok()) first = std::move(s);
-  }
-  return first;
-}
-
 // The same across nodes. Rank q < slices sums slice q of each chunk on its
 // node (staging as above) into its carrier (Group::Carrier): its share of the
 // whole all-reduce, which the link sums with local rank q of every other node
-// in pieces, all in flight at once (LinkPieceBytes), while the next chunks are
-// summed. Once every piece is back, each rank writes its share's sums to its
-// outputs, and (unless the outputs are shared) passes them through its
-// staging to the node's other ranks, chunk by chunk.
+// in pieces (LinkPieceBytes), each handed to the link as soon as it is summed,
+// while the next chunks are summed. Each piece's sums go to the rank's
+// outputs as it comes back; once all are back, they go (unless the outputs
+// are shared) through its staging to the node's other ranks, chunk by chunk.
 Status ReduceChunksAcrossNodes(Group& group, const std::vector<TensorRef>& tensors,
                                bool shared_out) {
   Peers* peers = group.peers();
@@ -211,32 +202,46 @@ Status ReduceChunksAcrossNodes(Group& group, const std::vector<TensorRef>& tenso
       // Whole pieces go now; the last one once the share is summed.
       status = send(summed == share ? share : summed / piece * piece);
     }
-    {
+    // Writes carrier bytes [from, to) to my outputs: the carrier holds my
+    // slice of each chunk in turn.
+    auto write_out = [&](size_t from, size_t to) {
+      size_t at = 0;
+      for (size_t offset = 0; offset < total && at < to; offset += chunk) {
+        const size_t len = std::min(chunk, total - offset);
+        const size_t my_lo = lo(len, rank), mine = lo(len, rank + 1) - my_lo;
+        const size_t a = std::max(at, from), b = std::min(at + mine, to);
+        if (a < b) ScatterBytes(carrier + a, offset + my_lo + (a - at), b - a, pieces);
+        at += mine;
+      }
+    };
+    // Each piece is written out as it comes back (they come in order), while
+    // the later ones are still in flight; the node's other ranks read them
+    // after the last one (below), unless the outputs are shared.
+    for (size_t i = 0; i < in_flight.size(); ++i) {
       timeline::Scope phase(trace_rank, timeline::kCollectives, "across nodes");
-      Status waited = WaitAll(group, in_flight);
+      Status waited = link->Wait(in_flight[i], group.timeout_s());
       if (status.ok()) status = std::move(waited);
+      if (status.ok()) write_out(i * piece, std::min(share, (i + 1) * piece));
     }
     if (!status.ok()) {
-      group.RetireCarrier();
+      group.RetireCarrier();  // (every piece waited for: none is in flight now)
       return status;
     }
+    if (shared_out || world == 1) continue;
     timeline::Scope phase(trace_rank, timeline::kCollectives, "copy out");
     size_t at = 0;  // in the carrier
     for (size_t offset = 0; offset < total; offset += chunk) {
       const size_t len = std::min(chunk, total - offset);
       const size_t my_lo = lo(len, rank), my_hi = lo(len, rank + 1);
-      ScatterBytes(carrier + at, offset + my_lo, my_hi - my_lo, pieces);
-      if (!shared_out && world > 1) {
-        const int buffer = group.NextStagingBuffer();
-        if (my_hi > my_lo) {
-          std::memcpy(peers->staging(buffer, rank) + my_lo, carrier + at, my_hi - my_lo);
-        }
-        SMB_RETURN_IF_ERROR(group.Sync("allreduce (reduction)"));
-        for (int q = 0; q < world; ++q) {
-          if (q == rank) continue;
-          ScatterBytes(peers->staging(buffer, q) + lo(len, q), offset + lo(len, q),
-                       lo(len, q + 1) - lo(len, q), pieces);
-        }
+      const int buffer = group.NextStagingBuffer();
+      if (my_hi > my_lo) {
+        std::memcpy(peers->staging(buffer, rank) + my_lo, carrier + at, my_hi - my_lo);
+      }
+      SMB_RETURN_IF_ERROR(group.Sync("allreduce (reduction)"));
+      for (int q = 0; q < world; ++q) {
+        if (q == rank) continue;
+        ScatterBytes(peers->staging(buffer, q) + lo(len, q), offset + lo(len, q),
+                     lo(len, q + 1) - lo(len, q), pieces);
       }
       at += my_hi - my_lo;
     }

@@ -83,6 +83,11 @@ Status TooLarge(size_t n, const char* what) {
 // every byte through one node twice. Smaller ones are latency-bound: one
 // MPI_Iallreduce, fewer steps.
 constexpr size_t kRingMinBytes = size_t{64} << 10;
+// Rings posted at once (RingQueue). Open MPI's TCP transport moves a large
+// message a few fragments at a time, each needing the link's next poll: many
+// messages in flight keep the link busy (measured, ResNet-50's gradients at
+// 2 x 1, 1 Gbit/s: 1 ring at a time 1.75x the floor, 4 1.44x, 16 1.12x).
+constexpr int kRingsInFlight = 16;
 
 class MpiTransport : public Transport, public PointToPoint {
  public:
@@ -202,7 +207,7 @@ class MpiTransport : public Transport, public PointToPoint {
         return TooLarge(count, "all-reduce");
       }
       auto ring = std::make_unique<RingAllReduce>(this, rings_++, dtype, data, count);
-      SMB_RETURN_IF_ERROR(ring->Start());
+      rings_in_flight_.Add(ring.get());
       *out = std::move(ring);
       return Status::Ok();
     }
@@ -235,7 +240,9 @@ class MpiTransport : public Transport, public PointToPoint {
   }
 
   bool Test(Transfer* transfer, Status* error) override {
-    if (auto* ring = dynamic_cast<RingAllReduce*>(transfer)) return ring->Progress(error);
+    if (auto* ring = dynamic_cast<RingAllReduce*>(transfer)) {
+      return rings_in_flight_.Progress(ring, error);
+    }
     return TestTransfer(transfer, error);
   }
 
@@ -318,6 +325,7 @@ class MpiTransport : public Transport, public PointToPoint {
   MPI_Comm cross_ = MPI_COMM_NULL;    // my counterparts, ranked by node
   int cross_rank_ = 0, cross_size_ = 1;
   int max_tag_ = 32767;  // MPI's least MPI_TAG_UB
+  RingQueue rings_in_flight_{kRingsInFlight};
   uint64_t rings_ = 0;   // rings started (the same order on every counterpart)
   MPI_Comm control_ = MPI_COMM_NULL;  // point-to-point messages
   MPI_Op sum_half_ = MPI_OP_NULL, sum_bfloat16_ = MPI_OP_NULL;

@@ -28,12 +28,15 @@ int RingAllReduce::Tag() const {
 }
 
 Status RingAllReduce::Start() {
+  started_ = true;
   if (nodes_ == 1 || count_ == 0) {
     done_ = true;
     return Status::Ok();
   }
   incoming_.resize(BlockBytes(nodes_ - 1) + DTypeSize(dtype_));  // the largest block
-  return Post();
+  error_ = Post();
+  if (!error_.ok()) done_ = true;
+  return error_;
 }
 
 Status RingAllReduce::Post() {
@@ -85,6 +88,35 @@ bool RingAllReduce::Progress(Status* error) {
   }
   *error = error_;
   return done_;
+}
+
+void RingQueue::Add(RingAllReduce* ring) {
+  queued_.push_back(ring);
+  // A ring that fails to post reports it when tested.
+  (void)PostQueued();
+}
+
+Status RingQueue::PostQueued() {
+  size_t posted = 0;
+  Status status;
+  while (posted < queued_.size() && running_ < window_) {
+    ++running_;
+    status = queued_[posted++]->Start();
+    if (!status.ok()) break;
+  }
+  queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(posted));
+  return status;
+}
+
+bool RingQueue::Progress(RingAllReduce* ring, Status* error) {
+  if (!ring->started()) {
+    *error = Status::Ok();
+    return false;
+  }
+  if (!ring->Progress(error)) return false;
+  --running_;
+  (void)PostQueued();  // a ring that fails to post reports it when tested
+  return true;
 }
 
 }  // namespace smb

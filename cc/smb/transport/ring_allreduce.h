@@ -52,6 +52,7 @@ class RingAllReduce : public Transfer {
 
   // Posts the first step.
   Status Start();
+  bool started() const { return started_; }
   // Moves on as far as the messages that arrived allow; true once finished,
   // with *error its outcome. Never waits.
   bool Progress(Status* error);
@@ -75,6 +76,27 @@ class RingAllReduce : public Transfer {
   std::vector<char> incoming_;  // a reduce-scatter step's block, before it is summed in
   Status error_;
   bool done_ = false;
+  bool started_ = false;
+};
+
+// Rings started in order, at most `window` of them posted at a time: enough
+// that the link is busy while one sums what arrived, few enough that they
+// finish in the order started (the caller copies out each as it comes) and
+// that a receive is posted before its message arrives.
+class RingQueue {
+ public:
+  explicit RingQueue(int window) : window_(window) {}
+  // Queues `ring` (posted once fewer than `window` run); it stays alive
+  // until Progress says it finished.
+  void Add(RingAllReduce* ring);
+  // Progress of `ring` (a queued one); posts queued ones as others finish.
+  bool Progress(RingAllReduce* ring, Status* error);
+
+ private:
+  Status PostQueued();
+  const int window_;
+  int running_ = 0;
+  std::vector<RingAllReduce*> queued_;  // in order; not yet posted
 };
 
 }  // namespace smb

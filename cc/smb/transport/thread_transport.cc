@@ -81,7 +81,7 @@ class ThreadTransport : public Transport, public PointToPoint {
                            std::unique_ptr<Transfer>* out) override {
     if (net_->nodes_ > 1 && count > 0) {
       auto ring = std::make_unique<RingAllReduce>(this, rings_++, dtype, data, count);
-      SMB_RETURN_IF_ERROR(ring->Start());
+      rings_in_flight_.Add(ring.get());
       *out = std::move(ring);
       return Status::Ok();
     }
@@ -102,7 +102,9 @@ class ThreadTransport : public Transport, public PointToPoint {
   }
 
   bool Test(Transfer* transfer, Status* error) override {
-    if (auto* ring = dynamic_cast<RingAllReduce*>(transfer)) return ring->Progress(error);
+    if (auto* ring = dynamic_cast<RingAllReduce*>(transfer)) {
+      return rings_in_flight_.Progress(ring, error);
+    }
     return TestTransfer(transfer, error);
   }
 
@@ -243,6 +245,7 @@ class ThreadTransport : public Transport, public PointToPoint {
   ThreadNetwork* net_;
   const int rank_;
   uint64_t next_round_ = 0;  // the link's thread only
+  RingQueue rings_in_flight_{2};
   uint64_t rings_ = 0;       // the link's thread only
 };
 
