@@ -274,6 +274,9 @@ def report(records: dict, out_dir: pathlib.Path, bits: float) -> int:
             ["strategy", "layout", "ms a step (slowest rank)", "each rank", "cores busy"], frows)
             + f"\n\nHorovodStrategy / SMBStrategy: "
               f"{fmt(ratio(by.get('horovod'), by.get('smb_sync')), '.2f')}x.")
+    model = cost_model_section(records, bits)
+    if model:
+        sections.append(model)
     if problems:
         sections.append("## Problems\n\n" + "\n".join(f"* {p}" for p in problems))
     md = "\n\n".join(sections) + "\n"
@@ -281,6 +284,73 @@ def report(records: dict, out_dir: pathlib.Path, bits: float) -> int:
     print(md, flush=True)
     plot(records, out_dir / "scaling.png", bits)
     return 1 if problems else 0
+
+
+def fit_cost_model(records: dict, bits: float) -> Optional[dict]:
+    """The ring's cost, T = 2 (N - 1) alpha + k x floor + gamma, fitted (least squares
+    on the milliseconds) to SMB's all-reduces at one worker a node: alpha the time of a
+    ring step beyond its bytes, k the link's share lost (1 = at the floor), gamma a
+    call's fixed cost. None with fewer than 3 points."""
+    import numpy as np
+    points = []
+    for row in records["rows"]:
+        if "x1" not in row["layout"]:
+            continue
+        for key, cell in row.items():
+            if key.startswith("smb_") and isinstance(cell, dict) and cell.get("ms"):
+                n = row["nodes"]
+                points.append((n, cell["bytes"], cell["ms"]))
+    if len(points) < 3:
+        return None
+    a = np.array([[2 * (n - 1), floor_ms(b, n, bits), 1.0] for n, b, _ in points])
+    t = np.array([ms for _, _, ms in points])
+    (alpha, k, gamma), *_ = np.linalg.lstsq(a, t, rcond=None)
+    predicted = a @ np.array([alpha, k, gamma])
+    worst = float(np.max(np.abs(predicted - t) / t))
+    return {"alpha_ms": float(alpha), "k": float(k), "gamma_ms": float(gamma),
+            "worst_error": worst, "points": len(points)}
+
+
+def model_ms(model: dict, n: int, nbytes: float, bits: float) -> float:
+    return 2 * (n - 1) * model["alpha_ms"] + model["k"] * floor_ms(nbytes, n, bits) + \
+        model["gamma_ms"]
+
+
+def cost_model_section(records: dict, bits: float) -> str:
+    """The fitted model and its extrapolation to 64-1024 nodes, in markdown."""
+    model = fit_cost_model(records, bits)
+    if model is None:
+        return ""
+    rows = []
+    resnet = 25_557_032 * 4  # ResNet-50's gradients (float32 trainable variables)
+    for gbit in (1, 10, 25):
+        for n in (8, 64, 128, 256, 512, 1024):
+            for name, nbytes in (("ResNet-50", resnet), ("1 MB", 2**20)):
+                t = model_ms(model, n, nbytes, gbit * 1e9)
+                floor = floor_ms(nbytes, n, gbit * 1e9)
+                rows.append([f"{gbit} Gbit/s", str(n), name, fmt(t, ".4g"), fmt(floor, ".4g"),
+                             fmt(floor / t, ".2f")])
+    # Where the ring's steps cost as much as a quarter of its bytes' time.
+    def limit(nbytes: float, gbit: float) -> int:
+        for n in range(2, 100_000):
+            if 2 * (n - 1) * model["alpha_ms"] > 0.25 * floor_ms(nbytes, n, gbit * 1e9):
+                return n
+        return 100_000
+    limits = [[f"{g} Gbit/s", str(limit(resnet, g)), str(limit(2**20, g))] for g in (1, 10, 25)]
+    return ("## Cost model\n\n"
+            f"Fitted to the {model['points']} SMB all-reduces at one worker a node above: "
+            f"T = 2 (N - 1) x {model['alpha_ms']:.3f} ms + {model['k']:.3f} x floor + "
+            f"{model['gamma_ms']:.2f} ms (worst point off by {100 * model['worst_error']:.0f}%)"
+            ": a ring step's latency alpha, the link's share k (1.0: at the floor), a call's "
+            "fixed cost gamma. Extrapolated (the same alpha, k and gamma on faster links is "
+            "an assumption: alpha here includes the simulated nodes' shared cores):\n\n"
+            + markdown(["link", "nodes", "all-reduce", "model ms", "floor ms",
+                        "efficiency (floor / model)"], rows)
+            + "\n\nWhere it stops holding: the ring's 2 (N - 1) steps cost alpha each, so "
+            "past the node count below (the steps' latency a quarter of the bytes' time) "
+            "efficiency falls under 0.8 and a schedule of 2 log2 N steps (recursive "
+            "halving/doubling, as Open MPI's Rabenseifner) or a tree of rings is needed:\n\n"
+            + markdown(["link", "ResNet-50: nodes", "1 MB: nodes"], limits))
 
 
 def plot(records: dict, path: pathlib.Path, bits: float) -> None:
@@ -303,6 +373,10 @@ def plot(records: dict, path: pathlib.Path, bits: float) -> None:
         b.plot(*zip(*eff), "o-", color=color)
     a.plot(n, [floor_ms(r["smb_resnet50"]["bytes"], r["nodes"], bits) for r in rows], "k--",
            label="floor")
+    model = fit_cost_model(records, bits)
+    if model:
+        a.plot(n, [model_ms(model, r["nodes"], r["smb_resnet50"]["bytes"], bits) for r in rows],
+               ":", color="tab:red", label="SMB cost model")
     a.set(xlabel="nodes (1 worker each)", ylabel="ms per all-reduce",
           title="ResNet-50 gradients")
     b.set(xlabel="nodes (1 worker each)", ylabel="floor / time", ylim=(0, 1.1),
@@ -326,6 +400,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             setattr(args, key, value)
     if args.report_from:
         records = json.loads(pathlib.Path(args.report_from).read_text())
+        pathlib.Path(args.out_dir).mkdir(parents=True, exist_ok=True)
         return report(records, pathlib.Path(args.out_dir),
                       rate_bits(records["args"]["rate"]))
     try:

@@ -116,3 +116,32 @@ def test_benchmark_straggler_smoke(tmp_path: pathlib.Path) -> None:
         assert [p["train_s"] for p in curve] == sorted(p["train_s"] for p in curve), cell["mode"]
     png = (tmp_path / "straggler.png").read_bytes()
     assert png.startswith(PNG_SIGNATURE) and len(png) > 10_000, len(png)
+
+
+def test_benchmark_nodes_scaling_smoke(tmp_path: pathlib.Path) -> None:
+    """`python -m benchmarks.nodes_scaling --smoke`: 3 simulated nodes x 1 worker, links
+    shaped to 1 Gbit/s, a few all-reduces of 16 MB with SMB and Horovod-MPI side by
+    side. Every node sent at most 1.05x the minimum bytes a step (2 (N-1)/N of them:
+    the ring's; the exit status says so, and so is checked here from the records), both
+    strategies have times (each sum checked by the role), and the report and plot
+    are written."""
+    simnodes.open_or_skip().close()
+    result = run_single(["-m", "benchmarks.nodes_scaling", "--smoke", f"--out_dir={tmp_path}"],
+                        timeout=400, env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    markdown = (tmp_path / "scaling.md").read_text()
+    for text in ("## Sync all-reduce (ms a step)", "## Bytes each node sent per step",
+                 "| 3x1 | 16MB |"):
+        assert text in markdown, text
+    data = json.loads((tmp_path / "scaling.json").read_text())
+    (row,) = data["rows"]
+    assert row["layout"] == "3x1" and row["nodes"] == 3, row
+    minimum = 2 * 2 / 3 * row["smb_16MB"]["bytes"]
+    for kind in ("smb", "horovod"):
+        cell = row[f"{kind}_16MB"]
+        assert len(cell["times_s"]) == 3 and all(t > 0 for t in cell["times_s"]), cell
+        assert len(cell["node_sent_per_step"]) == 3, cell
+        # Every node sent at least the minimum (the counters count), ...
+        assert all(b >= 0.99 * minimum for b in cell["node_sent_per_step"]), (kind, cell)
+    # ... and SMB no more than 1.05x of it.
+    assert max(row["smb_16MB"]["node_sent_per_step"]) <= 1.05 * minimum, row

@@ -1,15 +1,21 @@
 // Single-process checks of the box core: reduction kernels (including the
 // float16/bfloat16 rounding), the box lifecycle and the segment table, and the
-// job-wide order of collectives across nodes (Decider), and which silences
-// across nodes count (Liveness).
+// job-wide order of collectives across nodes (Decider), which silences
+// across nodes count (Liveness), and the all-reduce across nodes (ring, or
+// halving and doubling) over an in-memory point-to-point (NodesAllReduce,
+// AllReduceQueue).
 // Multi-process collectives are tested from Python (tests/test_core.py).
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <memory>
+#include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cc/smb/box.h"
@@ -18,6 +24,7 @@
 #include "cc/smb/link/decider.h"
 #include "cc/smb/link/liveness.h"
 #include "cc/smb/node_link.h"
+#include "cc/smb/transport/nodes_allreduce.h"
 #include "cc/tests/check.h"
 
 namespace {
@@ -210,6 +217,148 @@ void TestLiveness() {
   Check(stuck.lost(1) && stuck.Silent(4.0).empty(), "liveness: a lost rank is judged once");
 }
 
+// Messages between the nodes of one process, in order per (to, from, tag).
+struct Mailboxes {
+  std::map<std::tuple<int, int, int>, std::deque<std::vector<char>>> queued;
+};
+
+struct MemoryTransfer : smb::Transfer {
+  bool receive = false;
+  int from = 0, tag = 0;
+  void* out = nullptr;
+  size_t bytes = 0;
+};
+
+class MemoryPointToPoint : public smb::PointToPoint {
+ public:
+  MemoryPointToPoint(Mailboxes* mail, int node, int nodes, int max_tag)
+      : mail_(mail), node_(node), nodes_(nodes), max_tag_(max_tag) {}
+  int node() const override { return node_; }
+  int nodes() const override { return nodes_; }
+  int max_tag() const override { return max_tag_; }
+  smb::Status StartSendTo(int to, int tag, const void* data, size_t bytes,
+                          std::unique_ptr<smb::Transfer>* out) override {
+    const char* p = static_cast<const char*>(data);
+    mail_->queued[{to, node_, tag}].emplace_back(p, p + bytes);
+    *out = std::make_unique<MemoryTransfer>();
+    return smb::Status::Ok();
+  }
+  smb::Status StartReceiveFrom(int from, int tag, void* data, size_t bytes,
+                               std::unique_ptr<smb::Transfer>* out) override {
+    auto t = std::make_unique<MemoryTransfer>();
+    t->receive = true;
+    t->from = from;
+    t->tag = tag;
+    t->out = data;
+    t->bytes = bytes;
+    *out = std::move(t);
+    return smb::Status::Ok();
+  }
+  bool TestTransfer(smb::Transfer* transfer, smb::Status* error) override {
+    auto* t = static_cast<MemoryTransfer*>(transfer);
+    *error = smb::Status::Ok();
+    if (!t->receive) return true;
+    auto it = mail_->queued.find({node_, t->from, t->tag});
+    if (it == mail_->queued.end()) return false;
+    if (it->second.front().size() != t->bytes) {
+      *error = smb::InvalidArgument("a message of " + std::to_string(it->second.front().size()) +
+                                    " bytes, expected " + std::to_string(t->bytes));
+    } else if (t->bytes > 0) {
+      std::memcpy(t->out, it->second.front().data(), t->bytes);
+    }
+    it->second.pop_front();
+    if (it->second.empty()) mail_->queued.erase(it);
+    return true;
+  }
+
+ private:
+  Mailboxes* mail_;
+  const int node_, nodes_, max_tag_;
+};
+
+// `ops` all-reduces of `count` floats at once on `nodes` nodes, windowed by an
+// AllReduceQueue each, moved on in turn: every node ends with the same bits,
+// the sum of the nodes' values (in float, so close to the exact one), every
+// message was received (nothing left in the mailboxes), in 2 log2 N steps
+// for a power of two, else 2 (N - 1).
+void CheckAllReduces(int nodes, size_t count, int rings, int window, int max_tag) {
+  const std::string what = "nodes all-reduce: " + std::to_string(nodes) + " nodes, " +
+                           std::to_string(rings) + " x " + std::to_string(count) + " floats";
+  Mailboxes mail;
+  std::mt19937 random(static_cast<unsigned>(nodes * 1000 + count));
+  std::uniform_real_distribution<float> value(-1, 1);
+  std::vector<std::vector<double>> sum(rings, std::vector<double>(count, 0.0));
+  std::vector<std::vector<std::vector<float>>> data(nodes);
+  std::vector<std::unique_ptr<MemoryPointToPoint>> links;
+  std::vector<std::unique_ptr<smb::AllReduceQueue>> queues;
+  std::vector<std::vector<std::unique_ptr<smb::NodesAllReduce>>> ops(nodes);
+  for (int n = 0; n < nodes; ++n) {
+    links.push_back(std::make_unique<MemoryPointToPoint>(&mail, n, nodes, max_tag));
+    queues.push_back(std::make_unique<smb::AllReduceQueue>(window));
+    for (int r = 0; r < rings; ++r) {
+      data[n].emplace_back(count);
+      for (size_t i = 0; i < count; ++i) {
+        data[n][r][i] = value(random);
+        sum[r][i] += data[n][r][i];
+      }
+    }
+  }
+  for (int n = 0; n < nodes; ++n) {
+    for (int r = 0; r < rings; ++r) {
+      ops[n].push_back(std::make_unique<smb::NodesAllReduce>(
+          links[n].get(), static_cast<uint64_t>(r), smb::DType::kFloat32, data[n][r].data(),
+          count));
+      queues[n]->Add(ops[n].back().get());
+    }
+  }
+  std::vector<std::vector<bool>> done(nodes, std::vector<bool>(rings, false));
+  int left = nodes * rings;
+  for (int pass = 0; left > 0 && pass < 100000; ++pass) {
+    // The nodes in a different order each pass, the latest first on odd passes.
+    for (int k = 0; k < nodes; ++k) {
+      const int n = (k + pass) % nodes;
+      for (int j = 0; j < rings; ++j) {
+        const int r = pass % 2 ? rings - 1 - j : j;
+        smb::Status error;
+        if (done[n][r] || !queues[n]->Progress(ops[n][r].get(), &error)) continue;
+        Check(error.ok(), what + ": " + error.ToString());
+        done[n][r] = true;
+        --left;
+      }
+    }
+  }
+  Check(left == 0, what + ": " + std::to_string(left) + " all-reduces never finished");
+  int log2 = 0;
+  while ((1 << log2) < nodes) ++log2;
+  const size_t steps = nodes < 2 ? 0 : (1 << log2) == nodes ? 2 * log2 : 2 * (nodes - 1);
+  Check(ops[0][0]->steps() == steps, what + ": " + std::to_string(ops[0][0]->steps()) +
+                                         " steps, expected " + std::to_string(steps));
+  Check(mail.queued.empty(), what + ": messages left unreceived");
+  for (int r = 0; r < rings; ++r) {
+    double worst = 0;
+    for (size_t i = 0; i < count; ++i) worst = std::max(worst, std::fabs(data[0][r][i] - sum[r][i]));
+    Check(worst <= 1e-5 * nodes, what + ": off the sum by " + std::to_string(worst));
+    for (int n = 1; n < nodes; ++n) {
+      Check(std::memcmp(data[n][r].data(), data[0][r].data(), count * sizeof(float)) == 0,
+            what + ": node " + std::to_string(n) + " got other bits than node 0");
+    }
+  }
+}
+
+void TestNodesAllReduce() {
+  // Blocks of different sizes (count not a multiple of the nodes), empty
+  // blocks (count < nodes), one node; both schedules (halving and doubling at
+  // 2, 4, 8 nodes; the ring at 3, 5, 6); concurrent all-reduces sharing tags
+  // (max_tag small: their numbers wrap) and queued behind a window.
+  for (int nodes : {1, 2, 3, 4, 5, 6, 8}) {
+    for (size_t count : {size_t{1}, size_t{7}, size_t{1000}, size_t{65537}}) {
+      CheckAllReduces(nodes, count, /*ops=*/3, /*window=*/2, /*max_tag=*/32767);
+    }
+  }
+  CheckAllReduces(4, 1001, /*ops=*/9, /*window=*/4, /*max_tag=*/4 * 8);
+  CheckAllReduces(3, 1001, /*ops=*/9, /*window=*/4, /*max_tag=*/4 * 6);
+}
+
 int main() {
   TestSums();
   TestAxpyRoundsOnce();
@@ -217,5 +366,6 @@ int main() {
   TestSingleWorkerCommunicator();
   TestDecider();
   TestLiveness();
+  TestNodesAllReduce();
   return smb_test::Report("core_test");
 }

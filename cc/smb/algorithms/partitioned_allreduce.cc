@@ -16,9 +16,9 @@ size_t AlignTo64(size_t n) { return (n + 63) / 64 * 64; }
 // Across nodes, a rank's share goes over the network in pieces: each piece
 // starts as soon as its bytes are summed on the node, so summing the next
 // overlaps the transfer, and the link has the next pieces at hand (the
-// transport keeps many in flight: ring_allreduce.h's RingQueue). A piece is
-// at least kLinkPieceMinBytes per node (a ring's messages stay past
-// per-message costs: 1 MB at 4 x 1 took 15 ms in 4 rings, 11 ms in one) and,
+// transport keeps many in flight: nodes_allreduce.h's AllReduceQueue). A piece is
+// at least kLinkPieceMinBytes per node (the messages of a NodesAllReduce stay
+// past per-message costs: 1 MB at 4 x 1 took 15 ms in 4 rings, 11 ms in one) and,
 // within that, a sixteenth of the share (the first starts early), at most
 // kLinkPieceMaxBytes.
 constexpr size_t kLinkPieceMinBytes = size_t{256} << 10;

@@ -24,7 +24,7 @@ Status MakeMpiTransport(std::unique_ptr<Transport>*, std::vector<int>) {
 #include <climits>
 #include <utility>
 
-#include "cc/smb/transport/ring_allreduce.h"
+#include "cc/smb/transport/nodes_allreduce.h"
 
 namespace smb {
 namespace {
@@ -78,16 +78,16 @@ Status TooLarge(size_t n, const char* what) {
 }
 
 // An all-reduce across nodes of at least this many bytes goes around the ring
-// (ring_allreduce.h): bandwidth-optimal, where Open MPI's nonblocking
+// (nodes_allreduce.h): bandwidth-optimal, where Open MPI's nonblocking
 // all-reduce (libnbc) on MPI_IN_PLACE reduces to one rank and broadcasts back,
 // every byte through one node twice. Smaller ones are latency-bound: one
 // MPI_Iallreduce, fewer steps.
-constexpr size_t kRingMinBytes = size_t{64} << 10;
-// Rings posted at once (RingQueue). Open MPI's TCP transport moves a large
-// message a few fragments at a time, each needing the link's next poll: many
-// messages in flight keep the link busy (measured, ResNet-50's gradients at
-// 2 x 1, 1 Gbit/s: 1 ring at a time 1.75x the floor, 4 1.44x, 16 1.12x).
-constexpr int kRingsInFlight = 16;
+constexpr size_t kScheduledMinBytes = size_t{64} << 10;
+// All-reduces posted at once (AllReduceQueue). Open MPI's TCP transport moves
+// a large message a few fragments at a time, each needing the link's next
+// poll: many messages in flight keep the link busy (measured, ResNet-50's
+// gradients at 2 x 1, 1 Gbit/s: 1 at a time 1.75x the floor, 4 1.44x, 16 1.12x).
+constexpr int kAllReducesInFlight = 16;
 
 class MpiTransport : public Transport, public PointToPoint {
  public:
@@ -201,14 +201,14 @@ class MpiTransport : public Transport, public PointToPoint {
 
   Status StartAllReduceSum(DType dtype, void* data, size_t count,
                            std::unique_ptr<Transfer>* out) override {
-    if (count * DTypeSize(dtype) >= kRingMinBytes && cross_size_ > 1) {
+    if (count * DTypeSize(dtype) >= kScheduledMinBytes && cross_size_ > 1) {
       if (count * DTypeSize(dtype) / static_cast<size_t>(cross_size_) + 1 >
           static_cast<size_t>(INT_MAX)) {
         return TooLarge(count, "all-reduce");
       }
-      auto ring = std::make_unique<RingAllReduce>(this, rings_++, dtype, data, count);
-      rings_in_flight_.Add(ring.get());
-      *out = std::move(ring);
+      auto op = std::make_unique<NodesAllReduce>(this, all_reduces_++, dtype, data, count);
+      in_flight_.Add(op.get());
+      *out = std::move(op);
       return Status::Ok();
     }
     if (count > static_cast<size_t>(INT_MAX)) return TooLarge(count, "all-reduce");
@@ -240,8 +240,8 @@ class MpiTransport : public Transport, public PointToPoint {
   }
 
   bool Test(Transfer* transfer, Status* error) override {
-    if (auto* ring = dynamic_cast<RingAllReduce*>(transfer)) {
-      return rings_in_flight_.Progress(ring, error);
+    if (auto* op = dynamic_cast<NodesAllReduce*>(transfer)) {
+      return in_flight_.Progress(op, error);
     }
     return TestTransfer(transfer, error);
   }
@@ -325,8 +325,8 @@ class MpiTransport : public Transport, public PointToPoint {
   MPI_Comm cross_ = MPI_COMM_NULL;    // my counterparts, ranked by node
   int cross_rank_ = 0, cross_size_ = 1;
   int max_tag_ = 32767;  // MPI's least MPI_TAG_UB
-  RingQueue rings_in_flight_{kRingsInFlight};
-  uint64_t rings_ = 0;   // rings started (the same order on every counterpart)
+  AllReduceQueue in_flight_{kAllReducesInFlight};
+  uint64_t all_reduces_ = 0;  // NodesAllReduces started (the same order on every counterpart)
   MPI_Comm control_ = MPI_COMM_NULL;  // point-to-point messages
   MPI_Op sum_half_ = MPI_OP_NULL, sum_bfloat16_ = MPI_OP_NULL;
 };

@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "cc/smb/transport/ring_allreduce.h"
+#include "cc/smb/transport/nodes_allreduce.h"
 
 namespace smb {
 namespace {
@@ -75,14 +75,14 @@ class ThreadTransport : public Transport, public PointToPoint {
     return true;
   }
 
-  // All-reduces go around the ring (the MPI transport's for large ones), so
-  // the ring runs under the sanitizers with the link on top.
+  // All-reduces are NodesAllReduces (the MPI transport's for large ones), so
+  // they run under the sanitizers with the link on top.
   Status StartAllReduceSum(DType dtype, void* data, size_t count,
                            std::unique_ptr<Transfer>* out) override {
     if (net_->nodes_ > 1 && count > 0) {
-      auto ring = std::make_unique<RingAllReduce>(this, rings_++, dtype, data, count);
-      rings_in_flight_.Add(ring.get());
-      *out = std::move(ring);
+      auto op = std::make_unique<NodesAllReduce>(this, all_reduces_++, dtype, data, count);
+      in_flight_.Add(op.get());
+      *out = std::move(op);
       return Status::Ok();
     }
     return Join(ThreadNetwork::Kind::kAllReduceSum, dtype, data, count * DTypeSize(dtype), 0,
@@ -102,8 +102,8 @@ class ThreadTransport : public Transport, public PointToPoint {
   }
 
   bool Test(Transfer* transfer, Status* error) override {
-    if (auto* ring = dynamic_cast<RingAllReduce*>(transfer)) {
-      return rings_in_flight_.Progress(ring, error);
+    if (auto* op = dynamic_cast<NodesAllReduce*>(transfer)) {
+      return in_flight_.Progress(op, error);
     }
     return TestTransfer(transfer, error);
   }
@@ -245,8 +245,8 @@ class ThreadTransport : public Transport, public PointToPoint {
   ThreadNetwork* net_;
   const int rank_;
   uint64_t next_round_ = 0;  // the link's thread only
-  RingQueue rings_in_flight_{2};
-  uint64_t rings_ = 0;       // the link's thread only
+  AllReduceQueue in_flight_{2};
+  uint64_t all_reduces_ = 0;  // the link's thread only
 };
 
 ThreadNetwork::ThreadNetwork(int nodes, int local_size)
