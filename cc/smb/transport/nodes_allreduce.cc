@@ -17,7 +17,7 @@ NodesAllReduce::NodesAllReduce(PointToPoint* link, uint64_t sequence, DType dtyp
       nodes_(link->nodes()),
       node_(link->node()) {
   if (nodes_ < 2 || count_ == 0) return;
-  if ((nodes_ & (nodes_ - 1)) == 0) {
+  if ((nodes_ & (nodes_ - 1)) == 0 && count_ * elem_ <= kHalvingMaxBytes) {
     PlanHalvingDoubling();
   } else {
     PlanRing();
