@@ -17,7 +17,13 @@ NodesAllReduce::NodesAllReduce(PointToPoint* link, uint64_t sequence, DType dtyp
       nodes_(link->nodes()),
       node_(link->node()) {
   if (nodes_ < 2 || count_ == 0) return;
-  if ((nodes_ & (nodes_ - 1)) == 0 && count_ * elem_ <= kHalvingMaxBytes) {
+  if (nodes_ == 2 && count_ * elem_ <= kHalvingMaxBytes) {
+    // Both send everything and add the other's in: the same bytes as halving
+    // and doubling at 2 nodes (all of it once each way), in one step; a + b is
+    // b + a to the bit, so both get the same sum.
+    const int other = 1 - node_;
+    steps_.push_back({other, other, 0, count_, 0, count_, true});
+  } else if ((nodes_ & (nodes_ - 1)) == 0 && count_ * elem_ <= kHalvingMaxBytes) {
     PlanHalvingDoubling();
   } else {
     PlanRing();

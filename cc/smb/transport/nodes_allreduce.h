@@ -1,7 +1,8 @@
 // The bandwidth-optimal all-reduce among a rank's counterparts (one rank on
 // each node), built on a transport's point-to-point pair, Gloo-style: a
 // reduce-scatter, then an all-gather, each node sending and receiving
-// 2 (N - 1) / N of the data, the minimum. Two schedules of the same bytes:
+// 2 (N - 1) / N of the data, the minimum. Three schedules of the same bytes:
+//   * two nodes, at most kHalvingMaxBytes: one exchange of everything;
 //   * for a power-of-two number of nodes and at most kHalvingMaxBytes,
 //     recursive halving then doubling (as Open MPI's Rabenseifner): 2 log2 N
 //     steps, each with one partner: fewer steps where latency counts;
