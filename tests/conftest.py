@@ -132,9 +132,12 @@ FULL_TESTS = (
     # Per-worker clipping equal to MirroredStrategy's at 3 workers (fast: at 2).
     "test_keras_optimizer.py::test_per_worker_clipping_equals_mirrored_strategy[3]",
     # The benchmark suite side by side with Horovod and MWMS, and the straggler across
-    # nodes (fast: the allreduce, async, epoch-time, replica-thread and nodes smokes).
+    # nodes (fast: the allreduce, async, epoch-time, replica-thread and N-node smokes).
     "test_benchmark_suite_smoke.py::test_benchmark_suite_smoke",
     "test_benchmark_nodes_smoke.py::test_benchmark_straggler_smoke",
+    # The 2-node benchmark's smoke, every strategy side by side (fast: the N-node
+    # scaling smoke, SMB and Horovod-MPI on 3 x 1 with the bytes each node sent).
+    "test_benchmark_nodes_smoke.py::test_benchmark_nodes_smoke",
     # At 4 nodes: sync equality and the timeline, pushes, Horovod's API and process sets,
     # the async example; sync equality on 1+4 workers (fast: the same at 3 nodes, and
     # sync equality at 3x1, 3x2, 3+2+1, 2+1).

@@ -1,7 +1,9 @@
-"""Smoke test of `python -m benchmarks.nodes` (the cross-node benchmark of issue 8):
+"""Smoke tests of the cross-node benchmarks: `python -m benchmarks.nodes` (issue 8):
 two simulated nodes, the MLP's gradients, a few steps, the 10 Gbit/s link; then every
 file it writes (markdown, CSV, JSON, PNG) is checked and every number it reports must
-be finite and positive.
+be finite and positive (--full); `python -m benchmarks.nodes_scaling` (issue 55):
+3 simulated nodes x 1, SMB and Horovod-MPI side by side, the bytes each node sent
+(fast); the straggler benchmark (--full).
 
 Skips, with the reason, only where tests/simnodes.py would (the kernel refuses
 namespaces, a tool is missing), and never under CI=true. Horovod is part of the test

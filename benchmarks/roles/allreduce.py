@@ -139,6 +139,9 @@ def time_collective(kind: str, label: str, shapes: Sequence[Tuple[int, ...]], it
               "tensors": len(shapes), "times_s": times,
               "cpu_busy": busy / total if total > 0 else None}
     if link_dev:
+        # What the last step queued in the node's socket and shaper leaves first.
+        barrier()
+        time.sleep(0.5)
         # Each node's count in its first worker's slot, summed to every worker.
         mine = float(sent_bytes(link_dev) - sent_before) if first_of_node else 0.0
         slots = reduce_fn([tf.one_hot(rank, world) * mine])[0].numpy()
