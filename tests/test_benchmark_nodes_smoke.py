@@ -143,7 +143,7 @@ def test_benchmark_nodes_scaling_smoke(tmp_path: pathlib.Path) -> None:
         cell = row[f"{kind}_16MB"]
         assert len(cell["times_s"]) == 3 and all(t > 0 for t in cell["times_s"]), cell
         assert len(cell["node_sent_per_step"]) == 3, cell
-        # Every node sent at least the minimum (the counters count), ...
-        assert all(b >= 0.99 * minimum for b in cell["node_sent_per_step"]), (kind, cell)
-    # ... and SMB no more than 1.05x of it.
-    assert max(row["smb_16MB"]["node_sent_per_step"]) <= 1.05 * minimum, row
+    # Every SMB node sent the minimum (the counters count), and no more than 1.05x of
+    # it (Horovod-MPI's nodes send unevenly: 1.83x on the busiest here).
+    sent = row["smb_16MB"]["node_sent_per_step"]
+    assert all(0.99 * minimum <= b <= 1.05 * minimum for b in sent), (minimum, sent)
