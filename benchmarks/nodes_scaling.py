@@ -286,71 +286,108 @@ def report(records: dict, out_dir: pathlib.Path, bits: float) -> int:
     return 1 if problems else 0
 
 
+def steps(n: int, nbytes: float) -> int:
+    """The steps of one NodesAllReduce piece (cc/smb/transport/nodes_allreduce.h):
+    1 at 2 nodes, 2 log2 N for a power of two, else 2 (N - 1), up to 2 MiB a piece;
+    the ring's 2 (N - 1) above."""
+    if n == 2 and nbytes <= 2 << 20:
+        return 1
+    if n & (n - 1) == 0 and nbytes <= 2 << 20:
+        return 2 * int(math.log2(n))
+    return 2 * (n - 1)
+
+
 def fit_cost_model(records: dict, bits: float) -> Optional[dict]:
-    """The ring's cost, T = 2 (N - 1) alpha + k x floor + gamma, fitted (least squares
-    on the milliseconds) to SMB's all-reduces at one worker a node: alpha the time of a
-    ring step beyond its bytes, k the link's share lost (1 = at the floor), gamma a
-    call's fixed cost. None with fewer than 3 points."""
+    """SMB's all-reduce at one worker a node as T = k x floor + steps(N) x alpha:
+    alpha (what each step of a piece's schedule costs beyond its bytes: a message's
+    latency and the link thread's wake-up, exposed as the pipeline fills and drains)
+    fitted with a constant to the smallest set's points, T = c + steps(N) x alpha
+    (c: its bytes' time, below the floor where the shaper's burst lets 1 MB through
+    at once); then k (the bandwidth term, 1 = at the floor) the least-squares fit of
+    the largest set's T - steps(N) x alpha to its floor. {"alpha_ms", "c_ms", "k",
+    "small", "large" (the sets' bytes), "residuals": [(set, N, measured, model)]};
+    None without two sets of two points."""
     import numpy as np
-    points = []
+    by_bytes: Dict[float, List[Tuple[str, int, float]]] = {}
     for row in records["rows"]:
         if "x1" not in row["layout"]:
             continue
         for key, cell in row.items():
             if key.startswith("smb_") and isinstance(cell, dict) and cell.get("ms"):
-                n = row["nodes"]
-                points.append((n, cell["bytes"], cell["ms"]))
-    if len(points) < 3:
+                by_bytes.setdefault(cell["bytes"], []).append((key[4:], row["nodes"],
+                                                                cell["ms"]))
+    if len(by_bytes) < 2 or min(len(v) for v in by_bytes.values()) < 2:
         return None
-    a = np.array([[2 * (n - 1), floor_ms(b, n, bits), 1.0] for n, b, _ in points])
-    t = np.array([ms for _, _, ms in points])
-    (alpha, k, gamma), *_ = np.linalg.lstsq(a, t, rcond=None)
-    predicted = a @ np.array([alpha, k, gamma])
-    worst = float(np.max(np.abs(predicted - t) / t))
-    return {"alpha_ms": float(alpha), "k": float(k), "gamma_ms": float(gamma),
-            "worst_error": worst, "points": len(points)}
+    small, large = min(by_bytes), max(by_bytes)
+    a = np.array([[1.0, steps(n, small)] for _, n, _ in by_bytes[small]])
+    (c, alpha), *_ = np.linalg.lstsq(a, np.array([ms for *_, ms in by_bytes[small]]),
+                                     rcond=None)
+    floors = np.array([floor_ms(large, n, bits) for _, n, _ in by_bytes[large]])
+    rest = np.array([ms - steps(n, large) * alpha for _, n, ms in by_bytes[large]])
+    k = float(floors @ rest / (floors @ floors))
+    fit = {"alpha_ms": float(alpha), "c_ms": float(c), "k": k, "small": small, "large": large}
+    fit["residuals"] = (
+        [(name, n, ms, float(c + steps(n, small) * alpha)) for name, n, ms in by_bytes[small]]
+        + [(name, n, ms, model_ms(fit, n, large, bits)) for name, n, ms in by_bytes[large]])
+    return fit
 
 
-def model_ms(model: dict, n: int, nbytes: float, bits: float) -> float:
-    return 2 * (n - 1) * model["alpha_ms"] + model["k"] * floor_ms(nbytes, n, bits) + \
-        model["gamma_ms"]
+def model_ms(fit: dict, n: int, nbytes: float, bits: float) -> float:
+    return fit["k"] * floor_ms(nbytes, n, bits) + steps(n, nbytes) * fit["alpha_ms"]
 
 
 def cost_model_section(records: dict, bits: float) -> str:
-    """The fitted model and its extrapolation to 64-1024 nodes, in markdown."""
-    model = fit_cost_model(records, bits)
-    if model is None:
+    """The fitted model, how well it fits, and its extrapolation to 64-1024 nodes."""
+    fit = fit_cost_model(records, bits)
+    if not fit:
         return ""
+    busy = {(row["layout"], key[4:]): row[key].get("cpu_busy") for row in records["rows"]
+            for key in row if key.startswith("smb_") and isinstance(row[key], dict)}
+    points = [[name, f"{n}x1", fmt(ms), fmt(model), f"{100 * (ms / model - 1):+.0f}%",
+               fmt(None if busy.get((f"{n}x1", name)) is None
+                   else 100 * busy[(f"{n}x1", name)], ".0f") + "%"]
+              for name, n, ms, model in fit["residuals"]]
     rows = []
-    resnet = 25_557_032 * 4  # ResNet-50's gradients (float32 trainable variables)
     for gbit in (1, 10, 25):
         for n in (8, 64, 128, 256, 512, 1024):
-            for name, nbytes in (("ResNet-50", resnet), ("1 MB", 2**20)):
-                t = model_ms(model, n, nbytes, gbit * 1e9)
+            for nbytes, label in ((fit["large"], "large"), (fit["small"], "small")):
+                t = (model_ms(fit, n, nbytes, gbit * 1e9) if nbytes == fit["large"] else
+                     max(fit["c_ms"] * bits / (gbit * 1e9), 0) + steps(n, nbytes) * fit["alpha_ms"])
                 floor = floor_ms(nbytes, n, gbit * 1e9)
-                rows.append([f"{gbit} Gbit/s", str(n), name, fmt(t, ".4g"), fmt(floor, ".4g"),
-                             fmt(floor / t, ".2f")])
-    # Where the ring's steps cost as much as a quarter of its bytes' time.
-    def limit(nbytes: float, gbit: float) -> int:
-        for n in range(2, 100_000):
-            if 2 * (n - 1) * model["alpha_ms"] > 0.25 * floor_ms(nbytes, n, gbit * 1e9):
-                return n
-        return 100_000
-    limits = [[f"{g} Gbit/s", str(limit(resnet, g)), str(limit(2**20, g))] for g in (1, 10, 25)]
+                rows.append([f"{nbytes / 2**20:.4g} MB", f"{gbit} Gbit/s", str(n), fmt(t, ".4g"),
+                             fmt(floor, ".4g"), fmt(floor / t, ".2f")])
+
+    def limit(nbytes: float, gbit: float) -> str:
+        # The first N where the steps' latency exceeds a quarter of the bytes' time.
+        for n in range(2, 4097):
+            if steps(n, nbytes) * fit["alpha_ms"] > 0.25 * floor_ms(nbytes, n, gbit * 1e9):
+                return str(n)
+        return "> 4096"
+    limits = [[f"{b / 2**20:.4g} MB", *(limit(b, g) for g in (1, 10, 25))]
+              for b in (fit["large"], fit["small"])]
     return ("## Cost model\n\n"
-            f"Fitted to the {model['points']} SMB all-reduces at one worker a node above: "
-            f"T = 2 (N - 1) x {model['alpha_ms']:.3f} ms + {model['k']:.3f} x floor + "
-            f"{model['gamma_ms']:.2f} ms (worst point off by {100 * model['worst_error']:.0f}%)"
-            ": a ring step's latency alpha, the link's share k (1.0: at the floor), a call's "
-            "fixed cost gamma. Extrapolated (the same alpha, k and gamma on faster links is "
-            "an assumption: alpha here includes the simulated nodes' shared cores):\n\n"
-            + markdown(["link", "nodes", "all-reduce", "model ms", "floor ms",
+            f"SMB's all-reduce at one worker a node: T = k x floor + steps(N) x alpha, with "
+            f"alpha = {fit['alpha_ms']:.3f} ms (fitted with a constant, {fit['c_ms']:.2f} ms, "
+            f"to the {fit['small'] / 2**20:.4g} MB points) and k = {fit['k']:.3f} (the "
+            f"{fit['large'] / 2**20:.4g} MB points). steps(N), one piece's schedule: 1 at 2 "
+            "nodes and 2 log2 N for a power of two up to 2 MiB a piece, else 2 (N - 1) (the "
+            "ring). alpha is what a step costs beyond its bytes as the pipeline fills and "
+            "drains (a message's latency, the link thread's wake-up); k the share of the "
+            "link the bytes get. How the points fit (the cores' load beside: where they "
+            "were saturated, the model's link terms do not explain the time):\n\n"
+            + markdown(["set", "layout", "measured ms", "model ms", "off", "cores busy"],
+                       points)
+            + "\n\nExtrapolated (the same k and alpha on faster links and more nodes is an "
+            "assumption: alpha here includes the simulated nodes' shared cores; a real network "
+            "adds switch hops; the small set's constant scales with the link):\n\n"
+            + markdown(["set", "link", "nodes", "model ms", "floor ms",
                         "efficiency (floor / model)"], rows)
-            + "\n\nWhere it stops holding: the ring's 2 (N - 1) steps cost alpha each, so "
-            "past the node count below (the steps' latency a quarter of the bytes' time) "
-            "efficiency falls under 0.8 and a schedule of 2 log2 N steps (recursive "
-            "halving/doubling, as Open MPI's Rabenseifner) or a tree of rings is needed:\n\n"
-            + markdown(["link", "ResNet-50: nodes", "1 MB: nodes"], limits))
+            + "\n\nWhere it stops holding: the node count past which the steps' latency "
+            "exceeds a quarter of the bytes' time (efficiency under 0.8). Past it the ring's "
+            "2 (N - 1) steps want 2 log2 N at every size (halving and doubling, with "
+            "Rabenseifner's folding for other node counts) or rings within racks and a ring "
+            "of racks:\n\n"
+            + markdown(["set", "1 Gbit/s", "10 Gbit/s", "25 Gbit/s"], limits))
 
 
 def plot(records: dict, path: pathlib.Path, bits: float) -> None:
