@@ -77,8 +77,8 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 FLAGS = flags.FLAGS
 FULL_MODELS, SMOKE_MODELS = "mlp,resnet50,vgg16,inception_v3", "tiny_mlp"
 # Synthetic samples per epoch of each fit model (global batch --fit_batch).
-FIT_SAMPLES = {"cnn": 8192, "mlp": 32768, "mlp10m": 4096, "resnet50": 256}
-SMOKE_FIT_SAMPLES = {"cnn": 256, "mlp": 512, "mlp10m": 256, "resnet50": 64}
+FIT_SAMPLES = {"cnn": 8192, "mlp": 32768, "mlp10m": 4096, "resnet50": 256, "small": 8192}
+SMOKE_FIT_SAMPLES = {"cnn": 256, "mlp": 512, "mlp10m": 256, "resnet50": 64, "small": 256}
 SMOKE_FIT_MODELS = "cnn,mlp"
 # resnet50 is left out by default: at the default batch its fit takes tens of minutes on
 # 2 cores; run it alone at a smaller batch, e.g. --fit_models=resnet50 --fit_batch=64.

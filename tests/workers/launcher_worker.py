@@ -40,6 +40,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenario")
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--rows", type=int, default=96, help="keras_worker's fit: training rows")
     p.add_argument("--result_dir", required=True)
     a = p.parse_args()
     scenarios = a.scenario.split(",")
