@@ -26,7 +26,7 @@ Everything goes to `--out_dir`: scaling.md (the tables and targets, also printed
 scaling.json (every timing) and scaling.png (time and efficiency against N).
 
     python -m benchmarks.nodes_scaling --out_dir=/tmp/scaling          # the sweep (~30 min)
-    python -m benchmarks.nodes_scaling --smoke --out_dir=/tmp/scaling  # 3 x 1, a few steps
+    python -m benchmarks.nodes_scaling --smoke --out_dir=/tmp/scaling  # 3 x 1, SMB, a few steps
 
 Needs root (namespaces, tc) and Open MPI's mpirun; run from the checkout's root.
 `--smoke` exits 1 when a node sent more than 1.05x the minimum, or a number is missing.
@@ -51,9 +51,10 @@ import simnodes  # noqa: E402  (tests/simnodes.py: the simulated nodes)
 
 FULL = dict(layouts="2x1,3x1,4x1,6x1,8x1,2x2,3x2,4x2,2+1,3+2+1", rate="1gbit",
             sets="resnet50,1MB", iters=5, warmup=2, async_layouts="2x1,4x1,8x1",
-            fit_layout="2x2", fit_rate="5gbit", timeout=600.0)
+            fit_layout="2x2", fit_rate="5gbit", timeout=600.0, kinds="smb,horovod")
+# The smoke (in the fast test tier): SMB alone, its bytes and sums checked.
 SMOKE = dict(layouts="3x1", rate="1gbit", sets="16MB", iters=3, warmup=1, async_layouts="",
-             fit_layout="", fit_rate="5gbit", timeout=300.0)
+             fit_layout="", fit_rate="5gbit", timeout=300.0, kinds="smb")
 BYTES_TARGET = 1.05  # bytes a node sends per step, x the minimum
 FIT_SAMPLES, FIT_BATCH, FIT_EPOCHS = 1600, 16, 3
 
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         for name in layouts:
             layout = shapes[name]
             row = {"layout": name, "nodes": len(layout), "workers": sum(layout)}
-            for kind in ("smb", "horovod"):
+            for kind in common.split_list(args.kinds, ""):
                 job = cluster.mpirun(layout, [*py, "benchmarks.roles.allreduce",
                                               f"--kind={kind}", f"--sets={args.sets}",
                                               f"--iters={args.iters}",
@@ -427,7 +428,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.nodes_scaling",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out_dir", default="/tmp/bench_scaling")
-    parser.add_argument("--smoke", action="store_true", help="3 x 1, a few steps of 16 MB")
+    parser.add_argument("--smoke", action="store_true",
+                        help="3 x 1, a few steps of 16 MB, SMB only")
     parser.add_argument("--report_from", default="", help="a run's scaling.json: report again")
     for key, value in FULL.items():
         parser.add_argument(f"--{key}", type=type(value), default=None)

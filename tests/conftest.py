@@ -136,7 +136,7 @@ FULL_TESTS = (
     "test_benchmark_suite_smoke.py::test_benchmark_suite_smoke",
     "test_benchmark_nodes_smoke.py::test_benchmark_straggler_smoke",
     # The 2-node benchmark's smoke, every strategy side by side (fast: the N-node
-    # scaling smoke, SMB and Horovod-MPI on 3 x 1 with the bytes each node sent).
+    # scaling smoke, SMB on 3 x 1 with the bytes each node sent).
     "test_benchmark_nodes_smoke.py::test_benchmark_nodes_smoke",
     # At 4 nodes: sync equality and the timeline, pushes, Horovod's API and process sets,
     # the async example; sync equality on 1+4 workers (fast: the same at 3 nodes, and
