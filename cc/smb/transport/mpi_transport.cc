@@ -77,7 +77,7 @@ Status TooLarge(size_t n, const char* what) {
                          " elements is too large for one MPI call");
 }
 
-// An all-reduce across nodes of at least this many bytes goes around the ring
+// An all-reduce across nodes of at least this many bytes is a NodesAllReduce
 // (nodes_allreduce.h): bandwidth-optimal, where Open MPI's nonblocking
 // all-reduce (libnbc) on MPI_IN_PLACE reduces to one rank and broadcasts back,
 // every byte through one node twice. Smaller ones are latency-bound: one
