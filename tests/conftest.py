@@ -90,6 +90,7 @@ TIER_OF_FILE = {
     "test_strategy.py": FAST,
     "test_ordering.py": FAST,
     "test_local_replicas.py": FAST,
+    "test_same_as_one_process.py": FAST,
     "test_install.py": FAST,
     "test_benchmark_suite_smoke.py": FAST,
     "test_examples.py": FAST,
@@ -122,13 +123,16 @@ FULL_TESTS = (
     # Horovod's test_tensorflow.py whole (fast: one test per collective, the same file).
     "test_horovod_peer.py::test_horovods_tensorflow_tests_at_2_processes",
     # Horovod's three examples at 2 processes, all three across 2 nodes, keras_mnist on
-    # 2+1 nodes (fast: keras_mnist across 3 nodes, test_nodes_layouts.py).
+    # 2+1 nodes ...
     "test_horovod_examples.py::test_horovod_example_at_2_processes[tensorflow2_keras_mnist.py]",
     "test_horovod_examples.py::test_horovod_example_at_2_processes[tensorflow2_mnist.py]",
     "test_horovod_examples.py::test_horovod_example_at_2_processes"
     "[tensorflow2_synthetic_benchmark.py]",
     "test_horovod_examples.py::test_horovod_example_across_nodes",
     "test_nodes_layouts.py::test_horovods_keras_mnist_example_across_the_nodes[2+1]",
+    # ... and on 1+1+1 (fast: none of Horovod's examples; Horovod's own tests at 2
+    # processes and tf_smb.horovod's API tests stand for them there).
+    "test_nodes_layouts.py::test_horovods_keras_mnist_example_across_the_nodes[1+1+1]",
     # Per-worker clipping equal to MirroredStrategy's at 3 workers (fast: at 2).
     "test_keras_optimizer.py::test_per_worker_clipping_equals_mirrored_strategy[3]",
     # The benchmark suite side by side with Horovod and MWMS, and the straggler across

@@ -32,6 +32,8 @@ a TensorFlow or Keras version moves it):
 """
 from __future__ import annotations
 
+import contextlib
+import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence
 
 import tensorflow as tf
@@ -44,6 +46,7 @@ from tensorflow.python.ops import control_flow_util
 
 from tf_smb import env as env_lib
 from tf_smb import phase
+from tf_smb import step_rows
 from tf_smb.collectives import Collectives
 from tf_smb.iterator_release import distributed_dataset, distributed_datasets_from_function
 from tf_smb.worker_mode import InStep, WorkerMode
@@ -66,7 +69,7 @@ def check_gradient_clipping(value: Any) -> None:
             f"gradient_clipping must be 'after_sum' or 'per_worker', got {value!r}")
 
 
-_ASYNC_REDUCE_HINT = (
+ASYNC_REDUCE_HINT = (
     "In SMBStrategy(mode='async') workers are not in step: each runs its own "
     "steps at its own pace, so no other worker holds a matching value to combine "
     "with, and a collective would wait forever or pair unrelated steps. Use this "
@@ -314,11 +317,12 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
             distributed._enable_get_next_as_optional = False  # pylint: disable=protected-access
         return distributed
 
-    def training_batches(self, num_batches: int) -> int:
+    def training_batches(self, num_batches: int,
+                         dataset: Optional[tf.data.Dataset] = None) -> int:
         """How many of a dataset's `num_batches` global batches this worker
         trains on in an epoch: every one (each worker takes its part of each),
         or in async mode every size-th (`_experimental_distribute_dataset`)."""
-        return self._mode.training_batches(num_batches, self._job)
+        return self._mode.training_batches(num_batches, self._job, dataset)
 
     def _distributed(self, dataset, options, **kwargs):
         """TensorFlow's distributed dataset of `dataset` for this worker's one device.
@@ -362,8 +366,12 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         # Multi-worker input arrives as PerReplica values of one local replica.
         args = distribute_utils.select_replica(0, args)
         kwargs = distribute_utils.select_replica(0, kwargs)
-        with framework_ops.device(self._device), _WorkerReplicaContext(
-                strategy, self._job.rank):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(framework_ops.device(self._device))
+            stack.enter_context(_WorkerReplicaContext(strategy, self._job.rank))
+            if self._mode.combines_processes(self._job):
+                # Gradients weigh this worker's rows (tf_smb/step_rows.py).
+                stack.enter_context(step_rows.replica_step(args, kwargs))
             return self._mode.run_step(fn, args, kwargs)
 
     def _update(self, var, fn, args, kwargs, group):
@@ -401,7 +409,7 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         if self._mode.processes_apart(self._job) and not _is_worker_local_read(value):
             raise ValueError(
                 "strategy.reduce (and extended.reduce_to) would combine values over "
-                f"workers. {_ASYNC_REDUCE_HINT}")
+                f"workers. {ASYNC_REDUCE_HINT}")
         # Keras passes whole structures here (e.g. an (x, y) batch).
         flat = tf.nest.flatten(value)
         return tf.nest.pack_sequence_as(value, self.all_reduce(reduce_op, flat))
@@ -415,11 +423,21 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         if self._mode.processes_apart(self._job):
             # Keras gathers only for synchronous multi-worker predict.
             raise ValueError(
-                f"strategy.gather would collect values from all workers. {_ASYNC_REDUCE_HINT}")
+                f"strategy.gather would collect values from all workers. {ASYNC_REDUCE_HINT}")
         local = self._local_tensor(value)
         if self._job.size == 1:
             return tf.identity(local)
         return all_gather(self._collectives, local, axis, self._job.rank, self._job.size)
+
+# The strategies of 2+ workers made in this process (weakly): a Keras model
+# built outside every scope is then most likely one meant to be inside one.
+_MULTI_WORKER: "weakref.WeakSet[DataParallelStrategy]" = weakref.WeakSet()
+
+
+def multi_worker_strategies() -> List["DataParallelStrategy"]:
+    """The live tf_smb strategies of 2+ workers in this process."""
+    return list(_MULTI_WORKER)
+
 
 class _WorkerReplicaContext(distribute_lib.ReplicaContext):
     """The replica context of this worker: replica `rank` of `size`."""
@@ -448,6 +466,8 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         check_gradient_clipping(gradient_clipping)
         self._job = job
         self._gradient_clipping = gradient_clipping
+        if job.size > 1:
+            _MULTI_WORKER.add(self)
         # Skip MultiWorkerMirroredStrategy.__init__ (it would set up TF's own
         # collectives and cluster): tf.distribute.Strategy's is all we need.
         tf.distribute.Strategy.__init__(self, extended)  # pylint: disable=non-parent-init-called

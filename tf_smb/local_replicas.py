@@ -55,6 +55,7 @@ from tensorflow.python.distribute import ps_values
 
 from tf_smb import env as env_lib
 from tf_smb import phase
+from tf_smb import step_rows
 from tf_smb import ops as smb_ops
 from tf_smb.iterator_release import distributed_dataset, distributed_datasets_from_function
 from tf_smb.async_mode import AsyncEngine, sgd_step_arguments
@@ -262,6 +263,13 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
             def fn(*a, **k):  # pylint: disable=function-redefined
                 with tf.control_dependencies(starts):
                     return inner(*a, **k)
+        if not self._mode.asynchronous:
+            # Gradients weigh each replica's rows (tf_smb/step_rows.py).
+            step = fn
+
+            def fn(*a, **k):  # pylint: disable=function-redefined
+                with step_rows.replica_step(a, k):
+                    return step(*a, **k)
         return mirrored_run.call_for_each_replica(self._container_strategy(), fn,
                                                   args, kwargs)
 
@@ -351,8 +359,24 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
     def _mirrored(self, tensor: tf.Tensor) -> values_lib.Mirrored:
         return values_lib.Mirrored(tuple([tensor] * self._local))
 
+    def _check_processes_combine(self, value: Any, what: str) -> None:
+        """Raises ValueError when `what` would combine `value` over processes
+        that train apart (async with 2+ processes), unless it is a read of this
+        process's own state (a metric) or Keras learning a batch's structure."""
+        if not self._mode.processes_apart(self._job):
+            return
+        flat = tf.nest.flatten(value)
+        if flat and all(isinstance(v, values_lib.SyncOnReadVariable) or (
+                isinstance(v, values_lib.PerReplica) and phase.is_building_model())
+                        for v in flat):
+            return
+        raise ValueError(f"{what} would combine values over processes. "
+                         f"{data_parallel.ASYNC_REDUCE_HINT}")
+
     def _reduce_to(self, reduce_op, value, destinations, options):
         del destinations, options
+        self._check_processes_combine(
+            value, "strategy.reduce (and extended.reduce_to)")
         flat = tf.nest.flatten(value)
         return tf.nest.pack_sequence_as(value, self._combine(reduce_op, flat))
 
@@ -366,6 +390,7 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
+        self._check_processes_combine(value, "strategy.gather")
         parts = self._replica_parts(value)
         with tf.device(self._variable_device):
             local = parts[0] if len(parts) == 1 else tf.concat(parts, axis=axis)

@@ -10,8 +10,10 @@ failed collective every later one fails at once with the same error.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import sys
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -91,8 +93,34 @@ def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = Non
             across_nodes=job.spans_nodes, **settings)
 
     run_now(join)
+    if _JOB is None and job.size > 1:
+        _announce_leaving()
     _JOB = job
     return job
+
+
+def _announce_leaving() -> None:
+    """At this program's end, tells the other workers it left the job (and
+    whether with an uncaught error), so one still waiting for it in a
+    collective fails at once saying so, rather than "exited or died" once the
+    process is gone. A killed process says nothing: that stays "exited or died"."""
+    raised = []
+    previous_hook = sys.excepthook
+
+    def excepthook(kind, value, traceback):
+        raised.append(kind)
+        previous_hook(kind, value, traceback)
+
+    def leave() -> None:
+        try:
+            _library().smb_leave(raised=bool(raised))
+        except Exception:  # pylint: disable=broad-except
+            pass  # the box may be gone already: nothing left to tell
+
+    sys.excepthook = excepthook
+    # Registered now, so it runs after the exit handlers registered later
+    # (atexit runs them last-first): theirs may still run collectives.
+    atexit.register(leave)
 
 
 def run_now(make_op: Callable[[], Any]) -> Any:

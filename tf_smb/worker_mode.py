@@ -29,6 +29,13 @@ if TYPE_CHECKING:
     from tf_smb.async_mode import AsyncConfig, AsyncEngine, BoxSegment
 
 
+def shards(dataset: tf.data.Dataset) -> bool:
+    """Whether `dataset`'s options let a strategy shard it over workers
+    (anything but AutoShardPolicy.OFF)."""
+    policy = dataset.options().experimental_distribute.auto_shard_policy
+    return policy != tf.data.experimental.AutoShardPolicy.OFF
+
+
 class WorkerMode:
     """What differs between training in step and independently (see the module)."""
 
@@ -71,9 +78,10 @@ class WorkerMode:
         """Whether this process now reads only its part of the data."""
         return job.size > 1
 
-    def training_batches(self, num_batches: int, job: env_lib.JobInfo) -> int:
+    def training_batches(self, num_batches: int, job: env_lib.JobInfo,
+                         dataset: Optional[tf.data.Dataset] = None) -> int:
         """How many of a dataset's `num_batches` global batches this process
-        trains on in an epoch."""
+        trains on in an epoch (`dataset`: the data, when known)."""
         return num_batches
 
     def keeps_in_box(self, trainable: bool) -> bool:
@@ -137,16 +145,23 @@ class Independent(WorkerMode):
 
     def whole_batches(self, dataset: tf.data.Dataset,
                       job: env_lib.JobInfo) -> Optional[tf.data.Dataset]:
-        # Training: each process takes every size-th batch. Evaluation and
+        # Training: each process takes every size-th batch, unless the data's
+        # options turn sharding off (AutoShardPolicy.OFF: every process reads
+        # every batch, as TensorFlow's strategies honour it). Evaluation and
         # prediction: every process reads all data (no collectives needed).
-        return dataset if phase.is_evaluating() else dataset.shard(job.size, job.rank)
+        if phase.is_evaluating() or not shards(dataset):
+            return dataset
+        return dataset.shard(job.size, job.rank)
 
     def splits_input(self, job: env_lib.JobInfo) -> bool:
         # Asynchronous processes evaluate and predict on all the data each
         # (their metrics are their own); in training each takes its share.
         return job.size > 1 and not phase.is_evaluating()
 
-    def training_batches(self, num_batches: int, job: env_lib.JobInfo) -> int:
+    def training_batches(self, num_batches: int, job: env_lib.JobInfo,
+                         dataset: Optional[tf.data.Dataset] = None) -> int:
+        if dataset is not None and not shards(dataset):
+            return num_batches
         return len(range(job.rank, num_batches, job.size))  # every size-th (whole_batches)
 
     def start_step(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:

@@ -1106,6 +1106,21 @@ class SmbClockFinishOp : public OpKernel {
   bool finished_;
 };
 
+class SmbLeaveOp : public OpKernel {
+ public:
+  explicit SmbLeaveOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("raised", &raised_));
+  }
+  void Compute(OpKernelContext* c) override {
+    std::shared_ptr<smb::Communicator> comm;
+    OP_REQUIRES_OK(c, SmbContext::Get().Shared(&comm));
+    comm->Leave(raised_ ? smb::kLeftRaised : smb::kLeftFinished);
+  }
+
+ private:
+  bool raised_;
+};
+
 class SmbWaitAllFinishedOp : public AsyncOpKernel {
  public:
   explicit SmbWaitAllFinishedOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
@@ -1176,6 +1191,7 @@ REGISTER_KERNEL_BUILDER(Name("SmbSegmentPush").Device(DEVICE_CPU), SmbSegmentPus
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentApplySgd").Device(DEVICE_CPU), SmbSegmentApplySgdOp);
 REGISTER_KERNEL_BUILDER(Name("SmbClockTick").Device(DEVICE_CPU), SmbClockTickOp);
 REGISTER_KERNEL_BUILDER(Name("SmbClockFinish").Device(DEVICE_CPU), SmbClockFinishOp);
+REGISTER_KERNEL_BUILDER(Name("SmbLeave").Device(DEVICE_CPU), SmbLeaveOp);
 REGISTER_KERNEL_BUILDER(Name("SmbWaitAllFinished").Device(DEVICE_CPU), SmbWaitAllFinishedOp);
 REGISTER_KERNEL_BUILDER(Name("SmbSegmentHome").Device(DEVICE_CPU), SmbSegmentHomeOp);
 

@@ -327,6 +327,15 @@ REGISTER_OP("SmbClockFinish")
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc("Marks this worker finished (no longer holding others back) or not.");
 
+REGISTER_OP("SmbLeave")
+    .Attr("raised: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+Marks this worker's program as ending (normally, or with an uncaught error):
+a worker still waiting for it in a collective fails at once, saying so.
+)doc");
+
 REGISTER_OP("SmbWaitAllFinished")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)

@@ -19,7 +19,7 @@ namespace smb {
 namespace {
 
 constexpr uint64_t kMagic = 0x534d42424f583031ull;  // "SMBBOX01"
-constexpr uint32_t kLayoutVersion = 6;
+constexpr uint32_t kLayoutVersion = 7;
 constexpr size_t kPage = 4096;
 constexpr char kShmDir[] = "/dev/shm/";
 // A box still being set up is never reclaimed before this age.

@@ -81,6 +81,7 @@ struct BoxHeader {
   uint32_t segment_count;
   SegmentEntry segments[kMaxSegments];
   std::atomic<int32_t> pids[kMaxWorld];  // 0 until the rank attaches
+  std::atomic<int32_t> left[kMaxWorld];  // Peers::Left: how the rank left, 0 until then
   GroupControl group;  // the ranks' collectives (see peers.h)
 };
 

@@ -103,6 +103,10 @@ class Communicator {
   double timeout_s() const { return group_.timeout_s(); }
   Box* box() const { return group_.peers() ? group_.peers()->box() : nullptr; }
   void set_timeout(double seconds) { group_.set_timeout(seconds); }
+  // This rank's program is ending (Peers::Leave: kLeftFinished or kLeftRaised).
+  void Leave(int how) {
+    if (group_.peers() != nullptr) group_.peers()->Leave(how);
+  }
 
  private:
   static Status OpenAcrossNodes(const Options& options, std::unique_ptr<Communicator>* out);

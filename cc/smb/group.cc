@@ -219,12 +219,20 @@ Status Group::Sync(const std::string& what) {
       CpuRelax();
       continue;
     }
+    // A rank that left the job never arrives: fail at once, saying how it left.
+    for (int r = 0; r < world_ && peers_; ++r) {
+      if (g->ranks[r].arrive_seq.load() < target && peers_->Left(r) != 0) {
+        return Fail(Status(Code::kAborted, PeerName(r) + GoneHow(r) + "; rank " +
+                                               std::to_string(job_rank()) +
+                                               " was waiting for it in " + what));
+      }
+    }
     const double now = MonotonicSeconds();
     if (now >= next_liveness) {
       next_liveness = now + kLivenessPeriodS;
       for (int r = 0; r < world_; ++r) {
         if (g->ranks[r].arrive_seq.load() < target && peers_->Gone(r)) {
-          return Fail(Status(Code::kAborted, PeerName(r) + " exited or died; rank " +
+          return Fail(Status(Code::kAborted, PeerName(r) + GoneHow(r) + "; rank " +
                                                  std::to_string(job_rank()) +
                                                  " was waiting for it in " + what));
         }
@@ -406,6 +414,26 @@ int Group::GoneRank() const {
     if (RankGone(r)) return r;
   }
   return -1;
+}
+
+int Group::AbsentRank() const {
+  for (int r = 0; r < world_; ++r) {
+    if (RankGone(r) || (peers_ && peers_->Left(r) != 0)) return r;
+  }
+  return -1;
+}
+
+std::string Group::GoneHow(int local) const {
+  switch (peers_ ? peers_->Left(local) : 0) {
+    case kLeftFinished:
+      return " left the job: its program ended normally (e.g. its training loop or fit "
+             "stopped early, or its script returned) while the others still ran collectives "
+             "with it; every rank must run the same steps";
+    case kLeftRaised:
+      return " left the job: its program ended with an error (see that rank's output)";
+    default:
+      return " exited or died";
+  }
 }
 
 Status Group::WaitUntil(const std::string& what, const std::function<bool()>& done,

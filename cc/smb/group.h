@@ -112,6 +112,11 @@ class Group {
   bool RankGone(int rank) const;
   // The first rank found gone, or -1.
   int GoneRank() const;
+  // The first rank found gone or left the job (Peers::Left), or -1.
+  int AbsentRank() const;
+  // How local rank `local` went, as a failure says it after its name:
+  // " exited or died", or " left the job: ..." (Peers::Left).
+  std::string GoneHow(int local) const;
   // Wakes every rank's waiters (something this rank publishes changed).
   void Poke();
   uint32_t WakeWord() const;

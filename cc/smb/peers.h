@@ -30,6 +30,9 @@ constexpr int kMaxWorld = 128;
 constexpr size_t kDescBytes = 8192;
 constexpr int kMaxResults = 8;       // all-reduce result buffers in the heap
 constexpr int kMaxPending = 256;     // collectives one rank may have waiting to run
+// How a rank left the job (Peers::Left).
+constexpr int kLeftFinished = 1;  // its program ended (returned, exited)
+constexpr int kLeftRaised = 2;    // its program ended with an uncaught error
 
 // One rank's control words. Cache-line aligned so ranks do not false-share.
 struct alignas(64) RankControl {
@@ -107,6 +110,13 @@ class Peers {
   virtual bool Gone(int rank) const = 0;
   // What runs rank r, as errors name it: "pid 123" or "thread".
   virtual std::string Identity(int rank) const = 0;
+  // How rank r left the job, while its process may still be exiting: 0 not
+  // (or not known: killed, or a transport without the word), kLeftFinished
+  // once its program ended normally, kLeftRaised once it ended with an error.
+  virtual int Left(int rank) const { return 0; }
+  // Marks this rank as having left the job (kLeftFinished or kLeftRaised) and
+  // wakes the ranks that wait, so one waiting for it fails at once, saying so.
+  virtual void Leave(int how) {}
   // The node's box (segment table for the asynchronous mode), if any.
   virtual Box* box() const { return nullptr; }
 };

@@ -90,10 +90,10 @@ bool Take(CollectiveScheduler::State* st, uint64_t hash, Item* out) {
 
 // Why nothing could run for too long, or a dead rank; OK otherwise.
 Status CheckStalled(Group& group, const Item& oldest, double now) {
-  const int gone = group.GoneRank();
+  const int gone = group.AbsentRank();
   if (gone >= 0) {
     return Status(Code::kAborted,
-                  group.PeerName(gone) + " exited or died; rank " +
+                  group.PeerName(gone) + group.GoneHow(gone) + "; rank " +
                       std::to_string(group.job_rank()) + " was waiting for it to start " +
                       oldest.what + " ('" + oldest.key + "')");
   }

@@ -75,10 +75,12 @@ def scenario_tensorboard(strategy, a):
                      callbacks=[keras.callbacks.TensorBoard(log_dir, update_freq="epoch")])
     out = {"loss": hist.history["loss"]}
     if strategy.rank == 1:
-        # A model of no strategy, on a rank that writes nothing for ours: Keras as usual.
-        plain = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
-        plain.compile(optimizer="sgd",
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        # A model of another strategy (one made outside every scope is refused
+        # while ours runs), on a rank that writes nothing for ours: Keras as usual.
+        with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+            plain = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+            plain.compile(optimizer="sgd",
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         plain.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[
             keras.callbacks.TensorBoard(os.path.join(a.out_dir, "plain_rank1"))])
     return out

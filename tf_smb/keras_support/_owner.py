@@ -30,12 +30,41 @@ def multi_worker_strategy(model: Any) -> Optional[Any]:
     return None
 
 
+def check_built_in_scope(model: Any) -> None:
+    """Raises ValueError when `model` was built outside every strategy's scope
+    while a tf_smb strategy of 2+ workers exists in this process: training it
+    would train this worker alone, on its own data, exchanging nothing."""
+    from tf_smb.data_parallel import multi_worker_strategies  # pylint: disable=import-outside-toplevel
+    if getattr(model, "_distribute_strategy", None) is not None:
+        return  # made in some strategy's scope: that strategy trains it
+    strategies = multi_worker_strategies()
+    if not strategies:
+        return
+    strategy = strategies[0]
+    raise ValueError(
+        f"tf_smb: model {getattr(model, 'name', '?')!r} was built outside "
+        f"`strategy.scope()`, but this process is worker {strategy.rank} of a "
+        f"{type(strategy).__name__} of {strategy.size} workers: training it would train "
+        "this worker alone on its own part of the data, with nothing exchanged and "
+        "weights that differ between workers. Build and compile the model inside the "
+        "scope:\n    with strategy.scope():\n        model = ...\n        "
+        "model.compile(...)\nTo train a model on one worker alone on purpose, build it "
+        "in another strategy's scope (e.g. tf.distribute.OneDeviceStrategy('/cpu:0')).")
+
+
 def broadcast_int(strategy: Any, value: int) -> int:
     """Rank 0's `value`, on every worker of `strategy` (an eager collective:
     every worker must call it, in the same order)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     collectives = strategy.extended._collectives  # pylint: disable=protected-access
     return int(collectives.broadcast([tf.constant(value, tf.int64)], root=0)[0])
+
+
+def sum_int(strategy: Any, value: int) -> int:
+    """The sum of every worker's `value` (an eager collective, as broadcast_int)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    collectives = strategy.extended._collectives  # pylint: disable=protected-access
+    return int(collectives.allreduce([tf.constant(value, tf.int64)])[0])
 
 
 def note_async_strategy(strategy: Any) -> None:

@@ -3,8 +3,12 @@
 `model.fit(x_array, y, shuffle=True)` (Keras' default) permutes the rows every
 epoch with each process's own random state, and the strategy then hands each
 worker its part of that order: with orders that differ between workers, rows
-are trained on twice or never in an epoch. For models of a multi-worker tf_smb
-strategy the permutation is instead a function of (seed, epoch), the seed drawn
+are trained on twice or never in an epoch. When every worker set the same
+TensorFlow seed (`keras.utils.set_random_seed(s)`), Keras' own permutation is
+already the same on every worker, and the one a single process draws with that
+seed: it is kept, so the job trains as that process would. Otherwise, for
+models of a multi-worker tf_smb strategy the permutation is a function of
+(seed, epoch), the seed drawn
 at the start of every `fit` and taken from rank 0, so the workers' parts
 partition the data every epoch. Indexing by epoch, not by how many epochs this
 process has run, also makes a job resumed by BackupAndRestore shuffle its
@@ -41,7 +45,24 @@ class ShuffleOrder:
     def __init__(self, strategy: Any) -> None:
         self._strategy = strategy
         self._seed: Optional[int] = None
+        self._keras_order: Optional[bool] = None
         self.epoch = 0
+
+    @property
+    def keras_order(self) -> bool:
+        """Whether every worker set the same TensorFlow seed (e.g. with
+        `keras.utils.set_random_seed`): Keras' own shuffle then draws one
+        order on every worker, the order one process draws with that seed.
+        Asked once, of all workers alike (two eager collectives)."""
+        if self._keras_order is None:
+            from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+            from tf_smb.keras_support import _owner  # pylint: disable=import-outside-toplevel
+            mine = context.global_seed()
+            mine = -1 if mine is None else int(mine) % (2**62)
+            first = _owner.broadcast_int(self._strategy, mine)
+            differing = _owner.sum_int(self._strategy, int(mine != first))
+            self._keras_order = first >= 0 and differing == 0
+        return self._keras_order
 
     @property
     def seed(self) -> int:
@@ -95,7 +116,7 @@ def install_data_hooks() -> None:
     @functools.wraps(original)
     def get_tf_dataset(self):
         order = getattr(_state, "order", None)
-        if order is None or not self._shuffle:  # pylint: disable=protected-access
+        if order is None or not self._shuffle or order.keras_order:  # pylint: disable=protected-access
             return original(self)
         return _agreed_dataset(self, order)
 

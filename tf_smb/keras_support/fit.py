@@ -121,6 +121,8 @@ def install_fit_hooks() -> None:
     @functools.wraps(fit)
     def fit_hook(self, *args, **kwargs):
         strategy = _owner.multi_worker_strategy(self)
+        if strategy is None:
+            _owner.check_built_in_scope(self)
         # Entered for every model: one of another strategy (or none) fitted
         # inside our fit's callbacks must shuffle as Keras does.
         async_strategy, local_only = _owner.async_fit_strategy(self)
@@ -207,11 +209,16 @@ def _count_own_batches(epoch_iterator: Any, training_batches: Any) -> None:
     """Makes `epoch_iterator` count this worker's batches, also after the
     `reset()` with which Keras (3.4+) starts every epoch (it recounts the
     data's); Keras 3.3 has no `reset()` and counts once."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
     # pylint: disable=protected-access
     def count() -> None:
         data_batches = epoch_iterator.data_adapter.num_batches
         if data_batches:  # None while the data's length is unknown
-            epoch_iterator._num_batches = training_batches(data_batches)
+            # A tf.data dataset's options may turn sharding off.
+            dataset = getattr(epoch_iterator.data_adapter, "_dataset", None)
+            epoch_iterator._num_batches = training_batches(
+                data_batches, dataset if isinstance(dataset, tf.data.Dataset) else None)
             if epoch_iterator._num_batches == 0:
                 _tell_no_batch(data_batches)
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 
+from tf_smb import step_rows
 from tf_smb.keras_support import registry
 
 _HOOKED = False
@@ -75,10 +76,43 @@ def _reduced_keeping_nones(
 
 def _sum_over_workers(grads: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
     """All-reduces (SUM) the gradients as Keras' `_all_reduce_sum_gradients`
-    does: one `ReplicaContext.all_reduce` for all of them, Nones kept."""
-    return _reduced_keeping_nones(
-        list(grads), lambda present: tf.distribute.get_replica_context().all_reduce(
-            _gradient_reduce_op(), present))
+    does: one `ReplicaContext.all_reduce` for all of them, Nones kept; in a
+    step whose loss is Keras' mean over this replica's rows, weighted by the
+    replicas' rows (`_rows_weighted_sum`)."""
+    return _reduced_keeping_nones(list(grads), _rows_weighted_sum)
+
+
+def _scaled(gradient: Any, factor: tf.Tensor) -> Any:
+    """`gradient` (a tensor or IndexedSlices) times the scalar `factor`."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
+def _rows_weighted_sum(grads: List[Any]) -> List[tf.Tensor]:
+    """The replicas' gradients combined as one process on the global batch.
+
+    Keras' loss in a replica is the mean over the replica's rows divided by
+    the replica count N, so summing the gradients gives the global batch's
+    mean only when every replica got as many rows. When the step's loss is
+    that mean (step_rows), each gradient is multiplied by its replica's rows
+    r_i, the r_i are summed in the same collective, and the sum is multiplied
+    by N / sum(r_i): sum_i g_i r_i N / R, the gradient of the mean over all R
+    rows (with equal rows, the plain sum). Otherwise the plain sum.
+    """
+    context = tf.distribute.get_replica_context()
+    reduce_op = _gradient_reduce_op()
+    rows = step_rows.current()
+    if rows is None or not rows.mean_loss:
+        return context.all_reduce(reduce_op, grads)
+    weighted = [_scaled(g, rows.count) for g in grads]
+    combined = context.all_reduce(reduce_op, weighted + [tf.reshape(rows.count, [1])])
+    # The mean rows per replica: the summed rows / N (SUM), or as averaged (MEAN).
+    mean_rows = combined[-1][0]
+    if reduce_op == tf.distribute.ReduceOp.SUM:
+        mean_rows = mean_rows / float(context.num_replicas_in_sync)
+    return [_scaled(g, 1.0 / mean_rows) for g in combined[:-1]]
 
 
 def _gradient_reduce_op() -> tf.distribute.ReduceOp:
@@ -166,6 +200,12 @@ def install_optimizer_hooks() -> None:
                 [g for g, _ in grads_and_vars],
                 lambda _: strategy.extended.batch_reduce_to(_gradient_reduce_op(), pairs))
             return list(zip(summed, [v for _, v in grads_and_vars]))
+        rows = step_rows.current()
+        if (strategy is not None and rows is not None and rows.mean_loss
+                and tf.distribute.get_replica_context() is not None):
+            grads_and_vars = list(grads_and_vars)
+            summed = _sum_over_workers([g for g, _ in grads_and_vars])
+            return list(zip(summed, [v for _, v in grads_and_vars]))
         return all_reduce_sum_gradients(self, grads_and_vars)
 
     @functools.wraps(check_finite)
@@ -180,6 +220,25 @@ def install_optimizer_hooks() -> None:
         total = strategy.extended.all_reduce(tf.distribute.ReduceOp.SUM, [not_finite])[0]
         return tf.equal(total, 0)
 
+    _install_mean_loss_marker()
     for found, hook in zip(places, (apply_hook, backend_apply_gradients_hook, clip_gradients_hook,
                                     all_reduce_sum_gradients_hook, check_finite_hook)):
         found.replace(hook)
+
+
+def _install_mean_loss_marker() -> None:
+    """Marks the replica steps whose loss Keras divides by the replica count
+    (its mean reductions and added losses: `scale_loss_for_distribution`), so
+    their gradients are weighted by the replicas' rows when summed. Keras 3.3
+    divides nothing (its train step is hooked in keras33.py); its sums stay plain."""
+    found = registry.locate(registry.LOSS_DISTRIBUTION_SCALE)
+    if found is None:
+        return
+    scale = found.original()
+
+    @functools.wraps(scale)
+    def scale_hook(value):
+        step_rows.note_mean_loss()
+        return scale(value)
+
+    found.replace(scale_hook)

@@ -93,6 +93,12 @@ VARIABLE_INITIALIZE = Hook(
 LOSS_REDUCE = Hook(
     "loss reduction", ("keras.src.losses.loss:reduce_values",),
     "a replica's empty part of a batch has loss 0, not NaN (Keras 3.3 divides by 0 rows)")
+LOSS_DISTRIBUTION_SCALE = Hook(
+    "loss scaling over replicas", ("keras.src.losses.loss:scale_loss_for_distribution",),
+    "gradients of a global batch that splits unevenly over replicas weighted by each "
+    "replica's rows, as one process on the global batch (Keras 3.4+; Keras 3.3 does "
+    "not divide the loss: its train step is hooked instead)",
+    instead=(TRAIN_STEP,))
 BUILD_MARKER = Hook(
     "build marker",
     (f"{_TRAINER}:TensorFlowTrainer._maybe_symbolic_build",  # Keras 3.4-3.15
@@ -174,7 +180,8 @@ BACKUP_END = Hook("BackupAndRestore end", ("keras.callbacks:BackupAndRestore.on_
 
 HOOKS: Tuple[Hook, ...] = (
     BUILD_MARKER, EPOCH_ITERATOR, FIT, EVALUATE, PREDICT, ARRAY_SHUFFLE, ARRAY_SLICING,
-    OPTIMIZER_APPLY, APPLY_GRADIENTS, CLIP_GRADIENTS, SUM_GRADIENTS, LOSS_SCALE_CHECK, SAVE, SAVE_WEIGHTS,
+    OPTIMIZER_APPLY, APPLY_GRADIENTS, CLIP_GRADIENTS, SUM_GRADIENTS, LOSS_SCALE_CHECK,
+    LOSS_DISTRIBUTION_SCALE, SAVE, SAVE_WEIGHTS,
     EXPORT, SAVE_MODEL, LOAD_WEIGHTS, SET_WEIGHTS, LOAD_MODEL, TENSORBOARD, TENSORBOARD_EVENTS,
     BACKUP_RESTORE,
     BACKUP_SAVE, BACKUP_BEGIN, BACKUP_END)

@@ -18,6 +18,7 @@ Status ShmPeers::Join(std::shared_ptr<Box> box, int rank, std::unique_ptr<ShmPee
                                             h->job_id + "' is already taken by pid " +
                                             std::to_string(other));
   }
+  h->left[rank].store(0);
   h->pids[rank].store(getpid());
   *out = std::make_unique<ShmPeers>(Token(), std::move(box), rank);
   return Status::Ok();
@@ -40,6 +41,14 @@ Status ShmPeers::AllocateShared(uint64_t bytes, const std::string& what, uint64_
 bool ShmPeers::Gone(int rank) const {
   const int32_t pid = box_->header()->pids[rank].load();
   return pid != 0 && !IsProcessAlive(pid);
+}
+
+int ShmPeers::Left(int rank) const { return box_->header()->left[rank].load(); }
+
+void ShmPeers::Leave(int how) {
+  box_->header()->left[rank_].store(how);
+  control()->wake.fetch_add(1, std::memory_order_release);
+  FutexWakeAll(&control()->wake);
 }
 
 std::string ShmPeers::Identity(int rank) const {

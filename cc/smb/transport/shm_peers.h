@@ -27,6 +27,8 @@ class ShmPeers : public Peers {
   Status AllocateShared(uint64_t bytes, const std::string& what, uint64_t* offset) override;
   bool Gone(int rank) const override;
   std::string Identity(int rank) const override;
+  int Left(int rank) const override;
+  void Leave(int how) override;
   Box* box() const override { return box_.get(); }
 
   // Only Join() makes the token: use it.
