@@ -142,6 +142,10 @@ FULL_TESTS = (
     # The 2-node benchmark's smoke, every strategy side by side (fast: the N-node
     # scaling smoke, SMB on 3 x 1 with the bytes each node sent).
     "test_benchmark_nodes_smoke.py::test_benchmark_nodes_smoke",
+    # The gather's bytes across 2 nodes against the zero-padded sum (fast: strategy.gather,
+    # predict's rows and hvd.allgather equal to one process, test_same_as_one_process.py,
+    # test_strategy.py and Horovod's own tests).
+    "test_benchmark_nodes_smoke.py::test_benchmark_gather_bytes_smoke",
     # At 4 nodes: sync equality and the timeline, pushes, Horovod's API and process sets,
     # the async example; sync equality on 1+4 workers (fast: the same at 3 nodes, and
     # sync equality at 3x1, 3x2, 3+2+1, 2+1).

@@ -123,13 +123,16 @@ def test_async_options_are_checked():
             "           dict(mode='async', staleness=-1), dict(mode='sync', staleness=2),\n"
             "           dict(mode='async', consistency='loose'),\n"
             "           dict(mode='async', read_at='end'), dict(mode='sync', read_at='push'),\n"
-            "           dict(mode='async', read_at='push', staleness=1)]:\n"
+            "           dict(mode='async', read_at='push', staleness=1),\n"
+            "           dict(mode='async', momentum=0.9)]:\n"
             "    try:\n"
             "        tf_smb.SMBStrategy(**kw); print('accepted', kw)\n"
             "    except ValueError as e:\n"
             "        print('refused:', e)\n")
     lines = run_python(code).splitlines()
-    assert len(lines) == 8 and all(l.startswith("refused:") for l in lines), lines
+    assert len(lines) == 9 and all(l.startswith("refused:") for l in lines), lines
     assert "read_at must be 'start' or 'push', got 'end'" in lines[5], lines
     assert "apply to mode='async' only" in lines[6], lines
     assert "read_at='push' needs staleness=None" in lines[7], lines
+    # The box's momentum with the worker's own optimizer step: refused, not ignored.
+    assert "applies to update='sgd' only, got update='delta'" in lines[8], lines

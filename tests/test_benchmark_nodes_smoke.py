@@ -145,3 +145,21 @@ def test_benchmark_nodes_scaling_smoke(tmp_path: pathlib.Path) -> None:
     sent = cell["node_sent_per_step"]
     assert len(sent) == 3, cell
     assert all(0.99 * minimum <= b <= 1.05 * minimum for b in sent), (minimum, sent)
+
+
+def test_benchmark_gather_bytes_smoke(tmp_path: pathlib.Path) -> None:
+    """`python -m benchmarks.gather_bytes --smoke`: 2 simulated nodes x 1, strategy.gather
+    of 8 MB (4 MB a worker) against the zero-padded sum it replaced. Each node sent
+    0.99-1.05x its own part per gather (what a gather needs); the sum about twice that."""
+    simnodes.open_or_skip().close()
+    result = run_single(["-m", "benchmarks.gather_bytes", "--smoke", f"--out_dir={tmp_path}"],
+                        timeout=400, env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    rows = {r["method"]: r for r in json.loads((tmp_path / "gather.json").read_text())["rows"]}
+    assert set(rows) == {"gather", "sum"}, rows
+    need = rows["gather"]["needed"]
+    assert need == 4 * 2**20, need
+    for b in rows["gather"]["node_sent_per_step"]:
+        assert 0.99 * need <= b <= 1.05 * need, rows["gather"]
+    assert all(b >= 1.8 * need for b in rows["sum"]["node_sent_per_step"]), rows["sum"]
+    assert "| 2x1 | gather |" in (tmp_path / "gather.md").read_text()

@@ -5,7 +5,7 @@ mapped to tf_smb.horovod (tests/horovod_peer_worker.py says how).
 
 Each test runs in graph and in eager mode (the file asks for both). A test
 passes when no mode failed and one passed. The tests that do not pass are
-exactly those listed in NOT_PASSING, with the reason (the README repeats it).
+exactly those listed in NOT_PASSING, with the reason (docs/horovod.md repeats it).
 """
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ TensorFlow + Keras pair (`bash tools/test.sh --keras PAIR`)."""
 import ast
 import glob
 import os
+import re
 
 import pytest
 
@@ -111,3 +112,68 @@ def test_keras_glue_patches_keras_only_through_the_registry():
                         and base.id in keras_names):
                     offenders.append(f"{path}:{node.lineno} {ast.unparse(target)}")
     assert not offenders, offenders
+
+
+# Names tf_smb's (or TensorFlow's) own objects use that Keras happens to define too.
+_NOT_KERAS = {
+    "_config": "AsyncEngine's options (async_mode.py)",
+    "_cond": "the iterator releaser's condition (iterator_release.py)",
+    "_combine": "LocalReplicasExtended's reduction (local_replicas.py)",
+    "_lock": "the supervisor's lock (supervisor.py)",
+    "_values": "TensorFlow's DistributedValues (data_parallel.py, local_replicas.py)",
+}
+
+
+def _keras_private_names():
+    """Every private attribute or method name Keras' own source defines."""
+    import keras  # pylint: disable=import-outside-toplevel
+    source = os.path.join(os.path.dirname(keras.__file__), "src")
+    defined = re.compile(r"(?:self|cls)\.(_[A-Za-z]\w*)\s*(?::[^=\n]+)?=(?!=)|def (_[A-Za-z]\w*)\(")
+    names = set()
+    for path in glob.glob(os.path.join(source, "**", "*.py"), recursive=True):
+        with open(path, encoding="utf-8") as f:
+            for match in defined.finditer(f.read()):
+                names.add(match.group(1) or match.group(2))
+    return names
+
+
+def test_keras_private_names_are_reached_only_through_the_registry():
+    # A Keras private attribute read or written anywhere in tf_smb (attribute access,
+    # getattr/setattr by name, tuple assignments alike) must go through
+    # registry.read/write, where it is listed with its feature detection; a method
+    # tf_smb overrides (a def, and its super() call) must be listed there too.
+    registered = {p.name for p in registry.PRIVATES}
+    keras_names = _keras_private_names() - set(_NOT_KERAS)
+    assert "_distribute_strategy" in keras_names and "_num_batches" in keras_names
+    offenders = []
+    for path in glob.glob(os.path.join(REPO, "tf_smb", "**", "*.py"), recursive=True):
+        if path.endswith(os.path.join("keras_support", "registry.py")):
+            continue
+        where = os.path.relpath(path, REPO)
+        tree = ast.parse(open(path).read(), path)
+        methods = {id(m) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                   for m in c.body if isinstance(m, ast.FunctionDef)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and id(node) in methods:
+                if node.name in keras_names and node.name not in registered:
+                    offenders.append(f"{where}:{node.lineno} overrides {node.name}")
+            elif isinstance(node, ast.Attribute) and node.attr in keras_names:
+                on_super = (isinstance(node.value, ast.Call)
+                            and getattr(node.value.func, "id", "") == "super")
+                if not (on_super and node.attr in registered):
+                    offenders.append(f"{where}:{node.lineno} {ast.unparse(node)}")
+            elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and node.value in keras_names):
+                offenders.append(f"{where}:{node.lineno} {node.value!r}")
+    assert not offenders, ("Keras private names outside tf_smb/keras_support/registry.py "
+                           f"(add a registry.Private and use registry.read/write): {offenders}")
+
+
+def test_every_registered_private_is_found_and_a_missing_one_is_named():
+    for private in registry.PRIVATES:
+        assert registry.problem_of_private(private) is None, private.name
+    gone = registry.Private("_no_such_attribute", ("keras.callbacks:BackupAndRestore",), "x")
+    why = registry.problem_of_private(gone)
+    assert why is not None and "_no_such_attribute" in why, why
+    lacking = registry.missing(hooks=(), privates=(gone,))
+    assert [p for p, _ in lacking] == [gone]

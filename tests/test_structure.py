@@ -3,6 +3,7 @@ worker: the collectives interface, box segment names, which variable updates
 update="sgd" applies in the box, the error when workers disagree, options of
 HorovodStrategy, the import error without TensorFlow, and the docs' length."""
 import ast
+import glob
 import inspect
 import os
 import re
@@ -195,6 +196,19 @@ def test_readme_and_examples_stay_within_their_length():
     with open(os.path.join(REPO, "README.md")) as f:
         readme = len(f.readlines())
     assert readme <= 450, f"README.md has {readme} lines, at most 450"
+    # Lines a reader can read in a terminal: at most 100 characters outside code blocks
+    # (a command there may be longer) and tables of the README and the docs.
+    for path in [os.path.join(REPO, "README.md")] + sorted(
+            glob.glob(os.path.join(REPO, "docs", "*.md"))):
+        long_lines, in_code = [], False
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                if line.startswith("```"):
+                    in_code = not in_code
+                elif not in_code and not line.startswith("|") and len(line.rstrip("\n")) > 100:
+                    long_lines.append(number)
+        assert not long_lines, (f"{os.path.relpath(path, REPO)}: lines over 100 characters: "
+                                f"{long_lines}")
     examples = os.path.join(REPO, "examples")
     for name in sorted(os.listdir(examples)):
         if name.endswith(".py"):

@@ -30,6 +30,7 @@ from tf_smb import env as env_lib
 from tf_smb import phase
 from tf_smb import ops as smb_ops
 from tf_smb.collectives import Collectives
+from tf_smb.options import AsyncConfig  # noqa: F401  (importable from here too)
 
 # Box segment names have at most 127 bytes (cc/smb/box.h, kSegmentNameBytes);
 # the momentum updater names its velocity segment "<name>/velocity".
@@ -37,31 +38,6 @@ MAX_SEGMENT_NAME_BYTES = 100
 _HASH_CHARS = 8
 # Room for one worker's "'<segment>' <dtype>[<shape>]" in the agreement check.
 _DESCRIPTION_BYTES = 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class AsyncConfig:
-    """How the asynchronous mode updates parameters in the box (SMBStrategy's
-    options of that name). Checked once, when made: ValueError says what was
-    expected and what came."""
-
-    staleness: Optional[int] = None  # None: fully asynchronous
-    update: str = "delta"            # "delta" (any optimizer) or "sgd" (in the box)
-    momentum: float = 0.0            # with update="sgd"
-    consistent: bool = True          # False: hogwild reads
-    read_at: str = "start"           # "start" of a step, or "push": with the last step's push
-
-    def __post_init__(self) -> None:
-        if self.update not in ("delta", "sgd"):
-            raise ValueError(f"update must be 'delta' or 'sgd', got {self.update!r}")
-        if self.staleness is not None and (
-                not isinstance(self.staleness, int) or isinstance(self.staleness, bool)
-                or self.staleness < 0):
-            raise ValueError(f"staleness must be None or an int >= 0, got {self.staleness!r}")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
-        if self.read_at not in ("start", "push"):
-            raise ValueError(f"read_at must be 'start' or 'push', got {self.read_at!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +107,20 @@ def _creating_keras_variable_path() -> str:
 
 def _is_variable(value: Any) -> bool:
     return isinstance(value, tf.Variable) or (hasattr(value, "assign") and hasattr(value, "value"))
+
+
+def sgd_step(args: Sequence[Any], config: AsyncConfig) -> Optional[Tuple[tf.Tensor, Any]]:
+    """With update="sgd": the (dense gradient, learning_rate) of an update the
+    box applies as an SGD step (`sgd_step_arguments`), else None: the worker
+    applies the update itself and pushes its change. The one copy of this rule
+    for one replica a process and for replica threads (local_replicas.py)."""
+    step = sgd_step_arguments(args) if config.update == "sgd" else None
+    if step is None:
+        return None
+    grad, learning_rate = step
+    if isinstance(grad, tf.IndexedSlices):
+        grad = tf.convert_to_tensor(grad)
+    return grad, learning_rate
 
 
 def sgd_step_arguments(args: Sequence[Any]) -> Optional[Tuple[Any, Any]]:
@@ -356,11 +346,9 @@ class AsyncEngine:
         if getattr(self._local, "assigning_locally", 0):
             return apply_locally()
         param = self._segments[var.ref()]
-        step = sgd_step_arguments(args) if self._config.update == "sgd" else None
+        step = sgd_step(args, self._config)
         if step is not None:
             grad, learning_rate = step
-            if isinstance(grad, tf.IndexedSlices):
-                grad = tf.convert_to_tensor(grad)
             applied = smb_ops.segment_apply_sgd(grad, learning_rate, param.name,
                                                 self._config.momentum)
             step_updates = getattr(self._local, "step", None)

@@ -23,7 +23,8 @@ from tf_smb import ops as smb_ops
 
 
 class Collectives(abc.ABC):
-    """A collectives backend: sum, broadcast and barrier over all workers."""
+    """A collectives backend: sum, broadcast and barrier over all workers (and a
+    gather built on them, which a backend may replace by its own)."""
 
     @abc.abstractmethod
     def allreduce(self, tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
@@ -36,6 +37,29 @@ class Collectives(abc.ABC):
     @abc.abstractmethod
     def barrier(self) -> None:
         """Returns once every worker has reached it (eagerly)."""
+
+    def allgather(self, tensor: tf.Tensor, rank: int, size: int) -> tf.Tensor:
+        """Every worker's `tensor` concatenated along dimension 0 in rank order
+        (the first dimensions may differ; the others must agree).
+
+        Each worker's rows travel once: the lengths are summed in one small
+        all-reduce, then worker r's rows reach every worker in a broadcast from
+        r, which carries r's rows only (a sum of zero-padded buffers would move
+        every worker's whole result: `size` times the bytes).
+        """
+        shape = tf.shape(tensor, out_type=tf.int64)
+        lengths = self.allreduce([tf.one_hot(rank, size, dtype=tf.int64) * shape[0]])[0]
+        parts = []
+        # No broadcast starts before the lengths are known everywhere: in a graph,
+        # one whose input is this worker's own tensor could otherwise start on its
+        # own, and be left unmatched when the lengths' collective fails.
+        with tf.control_dependencies([lengths]):
+            for root in range(size):
+                # The others pass a tensor of root's shape, which the broadcast overwrites.
+                sent = tf.identity(tensor) if root == rank else tf.zeros(
+                    tf.concat([lengths[root:root + 1], shape[1:]], 0), tensor.dtype)
+                parts.append(self.broadcast([sent], root=root)[0])
+        return tf.concat(parts, axis=0)
 
     def allgather_text(self, text: str, rank: int, size: int,
                        max_bytes: int) -> List[str]:

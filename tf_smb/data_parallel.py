@@ -48,6 +48,7 @@ from tf_smb import env as env_lib
 from tf_smb import phase
 from tf_smb import step_rows
 from tf_smb.collectives import Collectives
+from tf_smb.options import GradientClipping, check_gradient_clipping  # noqa: F401
 from tf_smb.iterator_release import distributed_dataset, distributed_datasets_from_function
 from tf_smb.worker_mode import InStep, WorkerMode
 
@@ -56,35 +57,8 @@ if TYPE_CHECKING:
 
 SUPPORTED_DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64)
 
-GradientClipping = Literal["after_sum", "per_worker"]
-_GRADIENT_CLIPPING = ("after_sum", "per_worker")
 # Batch counts up to this are agreed exactly in int64 (size * count^2 fits).
 _MAX_AGREED_BATCHES = 1 << 26
-
-
-def check_gradient_clipping(value: Any) -> None:
-    """Raises ValueError unless `value` is a GradientClipping option."""
-    if value not in _GRADIENT_CLIPPING:
-        raise ValueError(
-            f"gradient_clipping must be 'after_sum' or 'per_worker', got {value!r}")
-
-
-ASYNC_REDUCE_HINT = (
-    "In SMBStrategy(mode='async') workers are not in step: each runs its own "
-    "steps at its own pace, so no other worker holds a matching value to combine "
-    "with, and a collective would wait forever or pair unrelated steps. Use this "
-    "worker's own value instead (strategy.experimental_local_results(value)[0]; "
-    "after strategy.run it is already a plain tensor), or run the reduction under "
-    "a synchronous strategy, e.g. evaluate with mode='sync' after training.")
-
-
-def _is_worker_local_read(value: Any) -> bool:
-    """Reductions TensorFlow and Keras make internally in async mode, which
-    mean this worker's own value: reading a SyncOnRead variable (metrics), and
-    Keras reducing an input batch (PerReplica) only to learn its structure."""
-    flat = tf.nest.flatten(value)
-    return bool(flat) and all(
-        isinstance(v, (values_lib.SyncOnReadVariable, values_lib.PerReplica)) for v in flat)
 
 
 def check_not_in_xla() -> None:
@@ -116,27 +90,11 @@ def broadcast_initial_value(collectives: Collectives, variable: tf.Variable) -> 
 
 def all_gather(collectives: Collectives, local: tf.Tensor, axis: int, rank: int,
                size: int) -> tf.Tensor:
-    """Concatenates every worker's tensor along `axis` (lengths may differ).
-
-    Each worker places its rows at its own offset in a zero buffer and the
-    buffers are summed over workers: x + 0 is exact for every dtype.
-    """
-    is_bool = local.dtype == tf.bool
-    if is_bool:
-        local = tf.cast(local, tf.int32)
+    """Concatenates every worker's tensor along `axis` (lengths may differ),
+    each worker's part moved once (Collectives.allgather)."""
     moved = tf.experimental.numpy.moveaxis(local, axis, 0) if axis else local
-    length = tf.shape(moved, out_type=tf.int64)[0]
-    lengths = collectives.allreduce([tf.one_hot(rank, size, dtype=tf.int64) * length])[0]
-    longest = tf.reduce_max(lengths)
-    padded = tf.pad(moved, [[0, longest - length]] + [[0, 0]] * (moved.shape.rank - 1))
-    slots = tf.scatter_nd(tf.constant([[rank]], tf.int64), padded[tf.newaxis],
-                          tf.concat([[size], tf.shape(padded, out_type=tf.int64)], 0))
-    summed = collectives.allreduce([slots])[0]
-    parts = [summed[r, :lengths[r]] for r in range(size)]
-    gathered = tf.concat(parts, axis=0)
-    if axis:
-        gathered = tf.experimental.numpy.moveaxis(gathered, 0, axis)
-    return tf.cast(gathered, tf.bool) if is_bool else gathered
+    gathered = collectives.allgather(moved, rank, size)
+    return tf.experimental.numpy.moveaxis(gathered, 0, axis) if axis else gathered
 
 
 def check_reducible(tensors: Sequence[tf.Tensor]) -> None:
@@ -406,10 +364,8 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         del destinations, options
-        if self._mode.processes_apart(self._job) and not _is_worker_local_read(value):
-            raise ValueError(
-                "strategy.reduce (and extended.reduce_to) would combine values over "
-                f"workers. {ASYNC_REDUCE_HINT}")
+        self._mode.check_combinable(self._job, "strategy.reduce (and extended.reduce_to)",
+                                    value)
         # Keras passes whole structures here (e.g. an (x, y) batch).
         flat = tf.nest.flatten(value)
         return tf.nest.pack_sequence_as(value, self.all_reduce(reduce_op, flat))
@@ -420,10 +376,8 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
-        if self._mode.processes_apart(self._job):
-            # Keras gathers only for synchronous multi-worker predict.
-            raise ValueError(
-                f"strategy.gather would collect values from all workers. {ASYNC_REDUCE_HINT}")
+        # (Keras gathers only for synchronous multi-worker predict.)
+        self._mode.check_combinable(self._job, "strategy.gather")
         local = self._local_tensor(value)
         if self._job.size == 1:
             return tf.identity(local)
@@ -462,8 +416,8 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     def _setup(self, job: env_lib.JobInfo, extended: DataParallelExtended,
                gradient_clipping: GradientClipping = "after_sum") -> None:
-        """Makes this strategy run `extended` for `job`."""
-        check_gradient_clipping(gradient_clipping)
+        """Makes this strategy run `extended` for `job` (`gradient_clipping`
+        checked by the subclass: tf_smb/options.py)."""
         self._job = job
         self._gradient_clipping = gradient_clipping
         if job.size > 1:

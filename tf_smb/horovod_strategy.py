@@ -19,8 +19,9 @@ import tensorflow as tf
 from tf_smb import env as env_lib
 from tf_smb import keras_support
 from tf_smb.collectives import Collectives
+from tf_smb.options import StrategyOptions
 from tf_smb.data_parallel import (DataParallelExtended, DataParallelStrategy,
-                                  GradientClipping, check_gradient_clipping)
+                                  GradientClipping)
 
 INSTALL_HINT = (
     "HorovodStrategy needs Horovod, an optional reference-only dependency. "
@@ -76,7 +77,7 @@ class HorovodStrategy(DataParallelStrategy):
     """
 
     def __init__(self, gradient_clipping: GradientClipping = "after_sum") -> None:
-        check_gradient_clipping(gradient_clipping)
+        StrategyOptions(gradient_clipping=gradient_clipping)  # checked before anything runs
         keras_support.check_hooks()  # a Keras without a hook target stops here, saying why
         hvd = _import_horovod()
         hvd.init()

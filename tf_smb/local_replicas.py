@@ -58,7 +58,7 @@ from tf_smb import phase
 from tf_smb import step_rows
 from tf_smb import ops as smb_ops
 from tf_smb.iterator_release import distributed_dataset, distributed_datasets_from_function
-from tf_smb.async_mode import AsyncEngine, sgd_step_arguments
+from tf_smb.async_mode import AsyncEngine, sgd_step
 from tf_smb.collectives import Collectives
 from tf_smb import data_parallel
 from tf_smb.worker_mode import InStep, WorkerMode
@@ -73,8 +73,6 @@ def logical_cpu_devices(count: int) -> List[str]:
     Raises:
       ValueError: the runtime started with fewer logical CPU devices.
     """
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise ValueError(f"local_replicas must be an int >= 1, got {count!r}")
     physical = tf.config.list_physical_devices("CPU")
     configured = tf.config.get_logical_device_configuration(physical[0])
     if configured is None or len(configured) < count:
@@ -290,12 +288,10 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
         for r in range(self._local):
             replica_args = distribute_utils.select_replica(r, args)
             replica_kwargs = distribute_utils.select_replica(r, kwargs)
-            step = sgd_step_arguments(replica_args) if config.update == "sgd" else None
+            step = sgd_step(replica_args, config)
             with tf.control_dependencies(done):
                 if step is not None:
                     grad, learning_rate = step
-                    if isinstance(grad, tf.IndexedSlices):
-                        grad = tf.convert_to_tensor(grad)
                     rule = "momentum" if config.momentum else "sgd"
                     if param is not None:
                         done.append(smb_ops.server_push_segment(
@@ -359,24 +355,10 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
     def _mirrored(self, tensor: tf.Tensor) -> values_lib.Mirrored:
         return values_lib.Mirrored(tuple([tensor] * self._local))
 
-    def _check_processes_combine(self, value: Any, what: str) -> None:
-        """Raises ValueError when `what` would combine `value` over processes
-        that train apart (async with 2+ processes), unless it is a read of this
-        process's own state (a metric) or Keras learning a batch's structure."""
-        if not self._mode.processes_apart(self._job):
-            return
-        flat = tf.nest.flatten(value)
-        if flat and all(isinstance(v, values_lib.SyncOnReadVariable) or (
-                isinstance(v, values_lib.PerReplica) and phase.is_building_model())
-                        for v in flat):
-            return
-        raise ValueError(f"{what} would combine values over processes. "
-                         f"{data_parallel.ASYNC_REDUCE_HINT}")
-
     def _reduce_to(self, reduce_op, value, destinations, options):
         del destinations, options
-        self._check_processes_combine(
-            value, "strategy.reduce (and extended.reduce_to)")
+        self._mode.check_combinable(self._job, "strategy.reduce (and extended.reduce_to)",
+                                    value)
         flat = tf.nest.flatten(value)
         return tf.nest.pack_sequence_as(value, self._combine(reduce_op, flat))
 
@@ -390,7 +372,7 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
-        self._check_processes_combine(value, "strategy.gather")
+        self._mode.check_combinable(self._job, "strategy.gather")
         parts = self._replica_parts(value)
         with tf.device(self._variable_device):
             local = parts[0] if len(parts) == 1 else tf.concat(parts, axis=axis)

@@ -21,11 +21,12 @@ from tf_smb import env as env_lib
 from tf_smb import keras_support
 from tf_smb import local_replicas as local_replicas_lib
 from tf_smb import ops as smb_ops
-from tf_smb.async_mode import AsyncConfig, AsyncEngine
+from tf_smb.async_mode import AsyncEngine
+from tf_smb.options import StrategyOptions
 from tf_smb.collectives import SMBCollectives
 # DataParallelStrategy and GradientClipping stay importable from here too.
 from tf_smb.data_parallel import (DataParallelExtended, DataParallelStrategy,
-                                  GradientClipping, check_gradient_clipping)
+                                  GradientClipping)
 from tf_smb.worker_mode import Independent, InStep, WorkerMode
 
 __all__ = ["SMBStrategy", "DataParallelStrategy", "GradientClipping", "Mode", "Update",
@@ -82,7 +83,8 @@ class SMBStrategy(DataParallelStrategy):
         a gradient without a learning rate, as tf_keras/Keras 2 optimizers
         make, raises ValueError). Keras' weight decay and EMA overwrite are
         applied by the worker and accumulated into the box as with "delta".
-      momentum: with update="sgd".
+      momentum: with update="sgd" (ValueError with "delta": give the Keras
+        optimizer its momentum instead).
       consistency: async only. "consistent" reads never return a half-written
         stripe (256 KiB, seqlock per stripe: a larger variable may combine
         stripes from before and after a concurrent push); "hogwild" reads skip
@@ -135,21 +137,12 @@ class SMBStrategy(DataParallelStrategy):
                  job: Optional[env_lib.JobInfo] = None,
                  gradient_clipping: GradientClipping = "after_sum",
                  local_replicas: int = 1, read_at: ReadAt = "start") -> None:
-        if mode not in ("sync", "async"):
-            raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
-        check_gradient_clipping(gradient_clipping)
-        if consistency not in ("consistent", "hogwild"):
-            raise ValueError(
-                f"consistency must be 'consistent' or 'hogwild', got {consistency!r}")
-        config = AsyncConfig(staleness=staleness, update=update, momentum=momentum,
-                             consistent=consistency == "consistent", read_at=read_at)
-        if mode == "sync" and config != AsyncConfig():
-            raise ValueError("staleness, update, momentum, consistency and read_at apply to "
-                             "mode='async' only")
-        if read_at == "push" and (staleness is not None or local_replicas != 1):
-            raise ValueError("read_at='push' needs staleness=None and local_replicas=1: a "
-                             "step under a staleness bound reads after the clock's wait, "
-                             f"got staleness={staleness!r}, local_replicas={local_replicas!r}")
+        # Every option is checked here, once (tf_smb/options.py).
+        options = StrategyOptions(mode=mode, staleness=staleness, update=update,
+                                  momentum=momentum, consistency=consistency,
+                                  gradient_clipping=gradient_clipping,
+                                  local_replicas=local_replicas, read_at=read_at)
+        config = options.async_config()
         # Before the job starts: a Keras without a hook target stops here, saying why.
         keras_support.check_hooks()
         if local_replicas != 1:

@@ -21,12 +21,35 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
+from tensorflow.python.distribute import values as values_lib
 
 from tf_smb import env as env_lib
 from tf_smb import phase
 
 if TYPE_CHECKING:
     from tf_smb.async_mode import AsyncConfig, AsyncEngine, BoxSegment
+
+
+ASYNC_REDUCE_HINT = (
+    "In SMBStrategy(mode='async') workers are not in step: each runs its own "
+    "steps at its own pace, so no other worker holds a matching value to combine "
+    "with, and a collective would wait forever or pair unrelated steps. Use this "
+    "worker's own value instead (strategy.experimental_local_results(value)[0]; "
+    "after strategy.run it is already a plain tensor), or run the reduction under "
+    "a synchronous strategy, e.g. evaluate with mode='sync' after training.")
+
+
+def _own_value(value: Any) -> bool:
+    """Whether reducing `value` only reads this process's own state: a metric
+    (SyncOnRead: this worker's copies), a per-replica value of one replica
+    (Keras' logs and batches when each process is one replica), or any
+    per-replica value Keras reduces only to learn its structure (model build)."""
+    flat = tf.nest.flatten(value)
+    return bool(flat) and all(
+        isinstance(v, values_lib.SyncOnReadVariable)
+        or (isinstance(v, values_lib.PerReplica)
+            and (len(v.values) == 1 or phase.is_building_model()))
+        for v in flat)
 
 
 def shards(dataset: tf.data.Dataset) -> bool:
@@ -67,6 +90,14 @@ class WorkerMode:
         """Whether this job's processes never wait for each other: they share no
         step, so values cannot be reduced or gathered over them."""
         return job.size > 1 and not self.combines_processes(job)
+
+    def check_combinable(self, job: env_lib.JobInfo, what: str, value: Any = None) -> None:
+        """Raises ValueError when `what` would combine values over processes that
+        train apart (async, 2+ processes), with or without replica threads: a
+        gather always would; a reduction of `value` would unless it only reads
+        this process's own state. The one copy of this rule, for every Extended."""
+        if self.processes_apart(job) and (value is None or not _own_value(value)):
+            raise ValueError(f"{what} would combine values over workers. {ASYNC_REDUCE_HINT}")
 
     def whole_batches(self, dataset: tf.data.Dataset,
                       job: env_lib.JobInfo) -> Optional[tf.data.Dataset]:

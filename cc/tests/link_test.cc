@@ -2,7 +2,7 @@
 // of one process (transport/thread_transport.h), so the sanitizers see every
 // rank (tests/test_sanitizers.py builds and runs this under both): the
 // memory server's calls and their errors, step clocks, files for rank 0, a
-// failure reaching every rank, and a node cut off, which fails a synchronous
+// failure reaching every rank, a message no rank sends failing every rank, and a node cut off, which fails a synchronous
 // job and which the asynchronous mode survives, a combined push on the wire
 // when its home node is lost, which still counts once, and an update queued
 // at a stalled server and sent again elsewhere, which also counts once.
@@ -180,6 +180,23 @@ void TestFailureReachesEveryRank() {
     Check(Contains(after, "rank 3 broke"),
           "rank " + std::to_string(rank) + ": a collective after the failure: " + after.ToString());
     link.SetCallbacks(nullptr, nullptr, nullptr);
+  });
+}
+
+// A message no rank sends (an unknown tag, or a known one of the wrong size)
+// fails the rank that got it, saying what came, and through it every rank.
+void TestUnreadableMessageFailsEveryRank(int tag, size_t bytes) {
+  std::atomic<int> listening{0};
+  RunLinks(2, 1, 10, [&](int rank, smb::ThreadNetwork& network, smb::NodeLink& link) {
+    ++listening;
+    if (rank == 0 && Eventually(10, [&] { return listening.load() == 2; })) {
+      network.Inject(0, 1, tag, std::vector<char>(bytes, 1));
+    }
+    const std::string said = "rank 1 got a message it cannot read from rank 0: tag " +
+                             std::to_string(tag) + ", " + std::to_string(bytes) + " bytes";
+    Check(Eventually(10, [&] { return Contains(link.Failure(), said); }),
+          "rank " + std::to_string(rank) + " heard of the unreadable message (tag " +
+              std::to_string(tag) + "): " + link.Failure().ToString());
   });
 }
 
@@ -380,6 +397,8 @@ int main() {
   };
   timed("segments, clocks, files", TestSegmentsClocksAndFiles);
   timed("failure", TestFailureReachesEveryRank);
+  timed("unknown tag", [] { TestUnreadableMessageFailsEveryRank(/*tag=*/99, 8); });
+  timed("clock of the wrong size", [] { TestUnreadableMessageFailsEveryRank(/*tag=*/16, 5); });
   timed("node cut off, sync", [] { TestNodeCutOff(/*keep_going=*/false); });
   timed("node cut off, async", [] { TestNodeCutOff(/*keep_going=*/true); });
   timed("push in flight to a lost node", TestPushInFlightToLostNodeCountsOnce);

@@ -42,6 +42,33 @@ def scenario(strategy, name):
     if name == "default_shuffle":  # fit(x, y): Keras shuffles, with the user's seed
         x, y = data(n=96)
         return fit_weights(strategy, x=x, y=y, batch_size=24, epochs=2)
+    if name == "custom_step":  # a subclassed model's own train_step
+        class Custom(keras.Model):
+            def train_step(self, batch):
+                x, y = batch
+                with tf.GradientTape() as tape:
+                    loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+                grads = tape.gradient(loss, self.trainable_variables)
+                self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+                return {"loss": loss}
+        keras.utils.set_random_seed(1234)
+        x, y = data(n=96)
+        with strategy.scope():
+            inputs = keras.Input((6,))
+            outputs = keras.layers.Dense(3)(keras.layers.Dense(8, activation="tanh")(inputs))
+            model = Custom(inputs, outputs)
+            model.compile(optimizer=keras.optimizers.Adam(0.05),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(24), epochs=2, verbose=0)
+        return [w.tolist() for w in model.get_weights()]
+    if name == "mixed":  # mixed_float16
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            x, y = data(n=96)
+            return fit_weights(strategy, x=tf.data.Dataset.from_tensor_slices((x, y)).batch(24),
+                               epochs=2)
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
     if name == "outside_scope":  # built and compiled outside strategy.scope()
         x, y = data(n=48)
         model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])

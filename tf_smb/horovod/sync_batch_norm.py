@@ -9,12 +9,14 @@ import tensorflow as tf
 
 from tf_smb.horovod import basics
 from tf_smb.horovod import collectives
+from tf_smb.keras_support import registry
 
 
 class SyncBatchNormalization(keras.layers.BatchNormalization):
     """BatchNormalization whose training-time mean and variance are those of
     the global batch: each rank's mean and mean of squares are averaged over
-    ranks (ranks use local batches of the same size). Masks are not supported."""
+    ranks (ranks use local batches of the same size). Masks are not supported.
+    It overrides Keras' `_moments` (registry.BATCH_NORM_MOMENTS)."""
 
     def _moments(self, inputs: Any, mask: Any) -> Any:
         if mask is not None:
@@ -22,8 +24,9 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         if basics.size() == 1:
             return super()._moments(inputs, mask)
         x = tf.cast(inputs, tf.float32)
-        mean = tf.reduce_mean(x, axis=self._reduction_axes)
-        mean_square = tf.reduce_mean(tf.square(x), axis=self._reduction_axes)
+        axes = registry.read(self, registry.BATCH_NORM_AXES)
+        mean = tf.reduce_mean(x, axis=axes)
+        mean_square = tf.reduce_mean(tf.square(x), axis=axes)
         mean, mean_square = collectives.grouped_allreduce_dense(
             [mean, mean_square], collectives.Average)
         variance = tf.maximum(mean_square - tf.square(mean), 0.0)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import weakref
 from typing import Any, Iterable, Optional, Tuple
 
+from tf_smb.keras_support import registry
+
 # Async SMB strategies of 2+ workers, for objects that do not record theirs (layers).
 _ASYNC_STRATEGIES: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
@@ -17,14 +19,14 @@ def multi_worker_strategy(model: Any) -> Optional[Any]:
     that `model` was created under, else None.
 
     Keras records the strategy in scope when a model is created
-    (`model._distribute_strategy`); `model.distribute_strategy` would also
+    (registry.MODEL_STRATEGY); `model.distribute_strategy` would also
     answer with whatever strategy is in scope at the time of the call, so a
     model built outside any strategy but saved inside `strategy.scope()` would
     wrongly count as one of ours.
     """
     # Imported late: tf_smb.data_parallel imports this package.
     from tf_smb.data_parallel import DataParallelStrategy  # pylint: disable=import-outside-toplevel
-    strategy = getattr(model, "_distribute_strategy", None)
+    strategy = registry.read(model, registry.MODEL_STRATEGY, None)
     if isinstance(strategy, DataParallelStrategy) and strategy.size > 1:
         return strategy
     return None
@@ -35,7 +37,7 @@ def check_built_in_scope(model: Any) -> None:
     while a tf_smb strategy of 2+ workers exists in this process: training it
     would train this worker alone, on its own data, exchanging nothing."""
     from tf_smb.data_parallel import multi_worker_strategies  # pylint: disable=import-outside-toplevel
-    if getattr(model, "_distribute_strategy", None) is not None:
+    if registry.read(model, registry.MODEL_STRATEGY, None) is not None:
         return  # made in some strategy's scope: that strategy trains it
     strategies = multi_worker_strategies()
     if not strategies:
@@ -95,7 +97,7 @@ def async_fit_strategy(model: Any) -> Tuple[Optional[Any], bool]:
     take fit's clocked path; one process of local replicas only waits for its
     parameter-server thread at the end."""
     from tf_smb.strategy import SMBStrategy  # pylint: disable=import-outside-toplevel
-    strategy = getattr(model, "_distribute_strategy", None)
+    strategy = registry.read(model, registry.MODEL_STRATEGY, None)
     if not isinstance(strategy, SMBStrategy) or strategy.mode != "async":
         return None, False
     if strategy.size > 1:

@@ -60,14 +60,15 @@ def _hook_tensorboard() -> None:
         self._tf_smb_silent = saving.is_skipped_writer(model)  # pylint: disable=protected-access
         if not self._tf_smb_silent:  # pylint: disable=protected-access
             return original_set_model(self, model)
-        self._model = model  # pylint: disable=protected-access
-        self._log_write_dir = self.log_dir  # pylint: disable=protected-access
-        self._train_dir = os.path.join(self.log_dir, "train")  # pylint: disable=protected-access
-        self._val_dir = os.path.join(self.log_dir, "validation")  # pylint: disable=protected-access
+        registry.write(self, registry.TENSORBOARD_MODEL, model)
+        registry.write(self, registry.TENSORBOARD_LOG_WRITE_DIR, self.log_dir)
+        registry.write(self, registry.TENSORBOARD_TRAIN_DIR, os.path.join(self.log_dir, "train"))
+        registry.write(self, registry.TENSORBOARD_VAL_DIR,
+                       os.path.join(self.log_dir, "validation"))
         # Subclass code that writes through these writers writes nothing.
         noop = tf.summary.create_noop_writer()
-        self._writers = {"train": noop, "val": noop}  # pylint: disable=protected-access
-        self._should_write_train_graph = False  # pylint: disable=protected-access
+        registry.write(self, registry.TENSORBOARD_WRITERS, {"train": noop, "val": noop})
+        registry.write(self, registry.TENSORBOARD_TRAIN_GRAPH, False)
         if not _told_tensorboard.is_set():
             _told_tensorboard.set()
             from absl import logging  # pylint: disable=import-outside-toplevel
@@ -143,7 +144,8 @@ def _restore(cb: Any, original_load: Callable[[Any], None]) -> None:
     tries = [meta_path]
     if _keeps_previous(cb) and os.path.exists(meta_path + ".bkp"):
         tries.append(meta_path + ".bkp")
-    keras_paths = cb._weights_path, cb._training_metadata_path  # pylint: disable=protected-access
+    keras_paths = (registry.read(cb, registry.BACKUP_WEIGHTS_PATH),
+                   registry.read(cb, registry.BACKUP_METADATA_PATH))
     try:
         for i, path in enumerate(tries):
             meta = _read_json(path) or {}
@@ -154,7 +156,8 @@ def _restore(cb: Any, original_load: Callable[[Any], None]) -> None:
                     f"the backup in {cb.backup_dir} names {meta['weights']}, which is "
                     "missing; remove the directory to start over")
             # Keras' own loader (checks, optimizer build, epoch) on these files.
-            cb._weights_path, cb._training_metadata_path = weights, path  # pylint: disable=protected-access
+            registry.write(cb, registry.BACKUP_WEIGHTS_PATH, weights)
+            registry.write(cb, registry.BACKUP_METADATA_PATH, path)
             try:
                 original_load(cb)
                 return
@@ -162,13 +165,14 @@ def _restore(cb: Any, original_load: Callable[[Any], None]) -> None:
                 if i == len(tries) - 1:
                     raise
     finally:
-        cb._weights_path, cb._training_metadata_path = keras_paths  # pylint: disable=protected-access
+        registry.write(cb, registry.BACKUP_WEIGHTS_PATH, keras_paths[0])
+        registry.write(cb, registry.BACKUP_METADATA_PATH, keras_paths[1])
 
 
 def _check_same_epoch(cb: Any, strategy: Any) -> None:
     """Fails on a worker that restored another epoch than rank 0 (a backup
     dir that not every worker can read, e.g. on a node-local disk)."""
-    mine = int(getattr(cb.model, "_initial_epoch", None) or 0)
+    mine = int(registry.read(cb.model, registry.MODEL_INITIAL_EPOCH, None) or 0)
     rank0 = _owner.broadcast_int(strategy, mine)
     if mine != rank0:
         raise RuntimeError(
@@ -188,16 +192,17 @@ def _save_backup(cb: Any) -> None:
     os.makedirs(directory, exist_ok=True)
     meta_path = _metadata_path(cb)
     previous = _read_json(meta_path)
-    name = (f"backup-e{cb._current_epoch}-b{cb._last_batch_seen}-"  # pylint: disable=protected-access
-            f"{uuid.uuid4().hex[:8]}.weights.h5")
+    epoch, batch = (registry.read(cb, registry.BACKUP_EPOCH),
+                    registry.read(cb, registry.BACKUP_BATCH))
+    name = f"backup-e{epoch}-b{batch}-{uuid.uuid4().hex[:8]}.weights.h5"
     path = os.path.join(directory, name)
     cb.model.save_weights(path, overwrite=True)
     _fsync_file(path)
     if _keeps_previous(cb) and previous is not None:
         _write_json_atomically(meta_path + ".bkp", previous)
     _write_json_atomically(meta_path, {
-        "epoch": cb._current_epoch,  # pylint: disable=protected-access
-        "batch": cb._last_batch_seen,  # pylint: disable=protected-access
+        "epoch": epoch,
+        "batch": batch,
         "weights": name})
     keep = {name}
     if _keeps_previous(cb) and previous is not None and "weights" in previous:

@@ -116,7 +116,8 @@ def install_data_hooks() -> None:
     @functools.wraps(original)
     def get_tf_dataset(self):
         order = getattr(_state, "order", None)
-        if order is None or not self._shuffle or order.keras_order:  # pylint: disable=protected-access
+        if (order is None or not registry.read(self, registry.ARRAY_SHUFFLE_MODE)
+                or order.keras_order):
             return original(self)
         return _agreed_dataset(self, order)
 
@@ -130,19 +131,16 @@ def _agreed_dataset(adapter: Any, order: ShuffleOrder) -> Any:
     from keras.src import tree  # pylint: disable=import-outside-toplevel
     from keras.src.trainers.data_adapters import array_slicing  # pylint: disable=import-outside-toplevel
 
-    # pylint: disable=protected-access
     try:
-        shuffle = adapter._shuffle
-        batch_size = adapter._batch_size
-        num_samples = adapter._num_samples
-        partial = adapter._partial_batch_size
-        inputs = adapter._inputs
+        shuffle, batch_size, num_samples, partial, inputs = (
+            registry.read(adapter, private) for private in (
+                registry.ARRAY_SHUFFLE_MODE, registry.ARRAY_BATCH_SIZE,
+                registry.ARRAY_SAMPLES, registry.ARRAY_PARTIAL_BATCH, registry.ARRAY_INPUTS))
     except AttributeError as e:
         raise RuntimeError(
             "tf_smb cannot agree on a shuffle order across workers with this "
             f"Keras version ({e}); pass shuffle=False, or a tf.data dataset "
             "shuffled with a seed all workers share") from e
-    # pylint: enable=protected-access
     full = num_samples // batch_size
     seed = tf.constant(order.seed, tf.int64)
 

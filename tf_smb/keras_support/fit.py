@@ -216,10 +216,10 @@ def _count_own_batches(epoch_iterator: Any, training_batches: Any) -> None:
         data_batches = epoch_iterator.data_adapter.num_batches
         if data_batches:  # None while the data's length is unknown
             # A tf.data dataset's options may turn sharding off.
-            dataset = getattr(epoch_iterator.data_adapter, "_dataset", None)
-            epoch_iterator._num_batches = training_batches(
-                data_batches, dataset if isinstance(dataset, tf.data.Dataset) else None)
-            if epoch_iterator._num_batches == 0:
+            dataset = registry.read(epoch_iterator.data_adapter, registry.ADAPTER_DATASET, None)
+            registry.write(epoch_iterator, registry.EPOCH_BATCHES, training_batches(
+                data_batches, dataset if isinstance(dataset, tf.data.Dataset) else None))
+            if registry.read(epoch_iterator, registry.EPOCH_BATCHES) == 0:
                 _tell_no_batch(data_batches)
 
     reset = getattr(epoch_iterator, "reset", None)

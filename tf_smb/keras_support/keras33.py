@@ -153,7 +153,7 @@ def install_build_before_first_step(state: threading.local) -> None:
         def hook(self, *args, **kwargs):
             epoch_iterator = getattr(state, "last_epoch_iterator", None)
             state.last_epoch_iterator = None
-            strategy = getattr(self, "_distribute_strategy", None)
+            strategy = registry.read(self, registry.MODEL_STRATEGY, None)
             if epoch_iterator is not None and isinstance(strategy, DataParallelStrategy):
                 spec = epoch_iterator.data_adapter.get_tf_dataset().element_spec
                 with strategy.scope(), phase.building_model():

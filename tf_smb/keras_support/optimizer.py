@@ -53,7 +53,7 @@ def _states() -> Dict[int, _ApplyState]:
 def _tf_smb_strategy(optimizer: Any) -> Optional[Any]:
     """The optimizer's tf_smb strategy, or None for any other optimizer."""
     from tf_smb.data_parallel import DataParallelStrategy  # pylint: disable=import-outside-toplevel
-    strategy = getattr(optimizer, "_distribution_strategy", None)
+    strategy = registry.read(optimizer, registry.OPTIMIZER_STRATEGY, None)
     return strategy if isinstance(strategy, DataParallelStrategy) else None
 
 
@@ -125,17 +125,6 @@ def _gradient_reduce_op() -> tf.distribute.ReduceOp:
     return tf.distribute.ReduceOp.SUM
 
 
-def _sums_in_merge_call(tf_optimizer: Any) -> bool:
-    """Whether this Keras asks for the gradients' sum inside its merge call (3.3),
-    in cross-replica context, rather than before it (3.4+)."""
-    import inspect  # pylint: disable=import-outside-toplevel
-    update = getattr(tf_optimizer, "_distributed_tf_update_step", None)
-    try:
-        return update is not None and "_all_reduce_sum_gradients" in inspect.getsource(update)
-    except (OSError, TypeError):
-        return False
-
-
 def install_optimizer_hooks() -> None:
     """Makes Keras optimizers of tf_smb strategies clip the summed gradient
     (unless the strategy says gradient_clipping="per_worker") and decide loss
@@ -153,7 +142,7 @@ def install_optimizer_hooks() -> None:
     _HOOKED = True
     apply, backend_apply_gradients, clip_gradients, all_reduce_sum_gradients, check_finite = (
         found.original() for found in places)
-    sums_in_merge_call = _sums_in_merge_call(places[1].owner)
+    sums_in_merge_call = registry.sums_in_merge_call(places[1].owner)
 
     def with_apply_state(method):
         # The state lives for the outermost of these calls: a sum made by the

@@ -178,6 +178,145 @@ BACKUP_BEGIN = Hook("BackupAndRestore begin", ("keras.callbacks:BackupAndRestore
 BACKUP_END = Hook("BackupAndRestore end", ("keras.callbacks:BackupAndRestore.on_train_end",),
                   "BackupAndRestore: rank 0 deletes the backup once every worker is done")
 
+@dataclasses.dataclass(frozen=True)
+class Private:
+    """A private attribute (or method) of Keras' objects that tf_smb reads, writes
+    or overrides, because Keras offers no public way. Code outside this module
+    reaches it only through `read`, `write` and `name_of`, so every private name
+    tf_smb depends on is listed here (tests/test_keras_hooks.py checks that) and
+    checked on the running Keras like a Hook.
+
+    Attributes:
+      name: the attribute, e.g. "_distribute_strategy".
+      owners: "module:Class" places whose source defines it; the first that exists
+        is checked (its source must mention the name, or the class have it).
+      provides: what the user gets from it (said when it is missing).
+      since_keras_3_4: Keras 3.3 lacks it and tf_smb does without it there.
+    """
+    name: str
+    owners: Tuple[str, ...]
+    provides: str
+    since_keras_3_4: bool = False
+
+
+_ADAPTERS = "keras.src.trainers.data_adapters"
+MODEL_STRATEGY = Private(
+    "_distribute_strategy", (f"{_TRAINER}:TensorFlowTrainer",),
+    "the strategy a model was made under (`model.distribute_strategy` answers with the "
+    "strategy in scope at the call instead)")
+OPTIMIZER_STRATEGY = Private(
+    "_distribution_strategy", (_TF_OPTIMIZER,),
+    "the strategy an optimizer was made under, whose hooks then act")
+OPTIMIZER_UPDATE_STEP = Private(
+    "_distributed_tf_update_step", (_TF_OPTIMIZER,),
+    "Keras 3.3's gradient sum inside the optimizer's merge call, told from 3.4+'s")
+OPTIMIZER_VARIABLES = Private(
+    "_trainable_variables", ("keras.src.optimizers.base_optimizer:BaseOptimizer",),
+    "tf_smb.horovod's DistributedOptimizer.apply without explicit variables")
+EPOCH_BATCHES = Private(
+    "_num_batches", ("keras.src.trainers.epoch_iterator:EpochIterator",),
+    "an asynchronous worker's epoch counts its own batches")
+ADAPTER_DATASET = Private(
+    "_dataset", (f"{_ADAPTERS}.tf_dataset_adapter:TFDatasetAdapter",),
+    "an asynchronous fit honours the dataset's AutoShardPolicy.OFF")
+_ARRAY_ADAPTER = (f"{_ADAPTERS}.array_data_adapter:ArrayDataAdapter",)
+ARRAY_SHUFFLE_MODE, ARRAY_BATCH_SIZE, ARRAY_SAMPLES, ARRAY_PARTIAL_BATCH, ARRAY_INPUTS = (
+    Private(name, _ARRAY_ADAPTER, "arrays shuffled by fit in one order on every worker")
+    for name in ("_shuffle", "_batch_size", "_num_samples", "_partial_batch_size",
+                 "_inputs"))
+_BACKUP = ("keras.callbacks:BackupAndRestore",)
+BACKUP_WEIGHTS_PATH, BACKUP_METADATA_PATH, BACKUP_EPOCH, BACKUP_BATCH = (
+    Private(name, _BACKUP, "BackupAndRestore: rank 0 writes each backup atomically, "
+            "every worker restores it")
+    for name in ("_weights_path", "_training_metadata_path", "_current_epoch",
+                 "_last_batch_seen"))
+MODEL_INITIAL_EPOCH = Private(
+    "_initial_epoch", ("keras.callbacks:BackupAndRestore",),
+    "BackupAndRestore: every worker restored the same epoch (checked)")
+VARIABLE_VALUE = Private(
+    "_value", ("keras.src.backend.tensorflow.core:Variable",),
+    "asynchronous mode: weights set outside training go into the box")
+BATCH_NORM_MOMENTS = Private(
+    "_moments", ("keras.src.layers.normalization.batch_normalization:BatchNormalization",),
+    "tf_smb.horovod's SyncBatchNormalization: moments over all workers")
+BATCH_NORM_AXES = Private(
+    "_reduction_axes",
+    ("keras.src.layers.normalization.batch_normalization:BatchNormalization",),
+    "tf_smb.horovod's SyncBatchNormalization: moments over all workers")
+
+_TENSORBOARD = ("keras.callbacks:TensorBoard",)
+TENSORBOARD_MODEL, TENSORBOARD_LOG_WRITE_DIR, TENSORBOARD_TRAIN_DIR, TENSORBOARD_VAL_DIR, \
+    TENSORBOARD_WRITERS, TENSORBOARD_TRAIN_GRAPH = (
+        Private(name, _TENSORBOARD, "TensorBoard writes from rank 0 only (a silent callback "
+                "elsewhere, whose writers write nothing)")
+        for name in ("_model", "_log_write_dir", "_train_dir", "_val_dir", "_writers",
+                     "_should_write_train_graph"))
+CHECKPOINT_SAVE = Private(
+    "_save_model", ("keras.callbacks:ModelCheckpoint",),
+    "tf_smb.horovod's BestModelCheckpoint: rank 0 alone saves")
+
+PRIVATES: Tuple[Private, ...] = (
+    MODEL_STRATEGY, OPTIMIZER_STRATEGY, OPTIMIZER_UPDATE_STEP, OPTIMIZER_VARIABLES,
+    EPOCH_BATCHES, ADAPTER_DATASET, ARRAY_SHUFFLE_MODE, ARRAY_BATCH_SIZE, ARRAY_SAMPLES,
+    ARRAY_PARTIAL_BATCH, ARRAY_INPUTS, BACKUP_WEIGHTS_PATH, BACKUP_METADATA_PATH,
+    BACKUP_EPOCH, BACKUP_BATCH, MODEL_INITIAL_EPOCH, VARIABLE_VALUE, BATCH_NORM_MOMENTS,
+    BATCH_NORM_AXES, TENSORBOARD_MODEL, TENSORBOARD_LOG_WRITE_DIR, TENSORBOARD_TRAIN_DIR,
+    TENSORBOARD_VAL_DIR, TENSORBOARD_WRITERS, TENSORBOARD_TRAIN_GRAPH, CHECKPOINT_SAVE)
+
+_MISSING = object()
+
+
+def read(obj: Any, private: Private, default: Any = _MISSING) -> Any:
+    """`obj`'s Keras-private attribute `private` (`default` when it has none;
+    AttributeError without a default)."""
+    if default is _MISSING:
+        return getattr(obj, private.name)
+    return getattr(obj, private.name, default)
+
+
+def write(obj: Any, private: Private, value: Any) -> None:
+    """Sets `obj`'s Keras-private attribute `private` to `value`."""
+    setattr(obj, private.name, value)
+
+
+def name_of(private: Private) -> str:
+    """The attribute's name, for code that must spell it (an override, a
+    `super()` call)."""
+    return private.name
+
+
+def problem_of_private(private: Private) -> Optional[str]:
+    """Why the running Keras lacks `private`, or None."""
+    for place in private.owners:
+        module_name, path = place.split(":")
+        try:
+            owner: Any = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for part in path.split("."):
+            owner = getattr(owner, part, None)
+            if owner is None:
+                break
+        if owner is None:
+            continue
+        if hasattr(owner, private.name) or f".{private.name}" in _source_of(owner) or (
+                f"def {private.name}(" in _source_of(owner)):
+            return None
+        return f"{place} is there but no longer has {private.name}"
+    return f"it has no {' or '.join(private.owners)}"
+
+
+def sums_in_merge_call(tf_optimizer: Any) -> bool:
+    """Whether this Keras asks for the gradients' sum inside the optimizer's merge
+    call (3.3), in cross-replica context, rather than before it (3.4+): its
+    `_distributed_tf_update_step` calls `_all_reduce_sum_gradients`."""
+    update = read(tf_optimizer, OPTIMIZER_UPDATE_STEP, None)
+    try:
+        return update is not None and "_all_reduce_sum_gradients" in inspect.getsource(update)
+    except (OSError, TypeError):
+        return False
+
+
 HOOKS: Tuple[Hook, ...] = (
     BUILD_MARKER, EPOCH_ITERATOR, FIT, EVALUATE, PREDICT, ARRAY_SHUFFLE, ARRAY_SLICING,
     OPTIMIZER_APPLY, APPLY_GRADIENTS, CLIP_GRADIENTS, SUM_GRADIENTS, LOSS_SCALE_CHECK,
@@ -305,13 +444,22 @@ def in_use(hooks: Tuple[Hook, ...] = HOOKS) -> List[Hook]:
     return out
 
 
-def missing(hooks: Tuple[Hook, ...] = HOOKS) -> List[Tuple[Hook, str]]:
-    """The hooks the running Keras cannot take, each with the reason."""
-    out = []
+def missing(hooks: Tuple[Hook, ...] = HOOKS,
+            privates: Tuple[Private, ...] = PRIVATES) -> List[Tuple[Any, str]]:
+    """The hooks and private attributes the running Keras lacks, each with the
+    reason (those only Keras 3.4+ has are not asked of Keras 3.3)."""
+    out: List[Tuple[Any, str]] = []
     for hook in hooks:
         why = problem(hook)
         if why is not None:
             out.append((hook, why))
+    keras_3_3 = keras_version().startswith("3.3.")
+    for private in privates:
+        if private.since_keras_3_4 and keras_3_3:
+            continue
+        why = problem_of_private(private)
+        if why is not None:
+            out.append((private, why))
     return out
 
 
@@ -331,7 +479,7 @@ def check() -> None:
     _CHECKED[version] = True
 
 
-def _message(lacking: List[Tuple[Hook, str]]) -> str:
+def _message(lacking: List[Tuple[Any, str]]) -> str:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     lines = [f"tf_smb does not support Keras {keras_version()} (with TensorFlow "
              f"{tf.__version__}): it lacks what tf_smb must hook for a drop-in strategy, "

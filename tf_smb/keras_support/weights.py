@@ -56,7 +56,7 @@ def _write_into_box(strategy: Any, model: Any) -> None:
 def _placed_variable(variable: Any) -> Any:
     """The tf.Variable the strategy created (and placed) for a Keras variable;
     with local replicas the one copy inside its AggregatingVariable."""
-    variable = getattr(variable, "_value", variable)
+    variable = registry.read(variable, registry.VARIABLE_VALUE, variable)
     get = getattr(variable, "get", None)  # distributed values (local replicas)
     return get() if callable(get) else variable
 

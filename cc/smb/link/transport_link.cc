@@ -54,6 +54,28 @@ std::vector<char> Words(const std::vector<uint64_t>& words) {
   return bytes;
 }
 
+std::vector<uint64_t> WordsOf(const std::vector<char>& bytes) {
+  std::vector<uint64_t> words(bytes.size() / sizeof(uint64_t));
+  if (!words.empty()) std::memcpy(words.data(), bytes.data(), words.size() * sizeof(uint64_t));
+  return words;
+}
+
+// A failure on the wire (kTagFailure): [code, message bytes, zero-padded].
+std::vector<char> EncodeFailure(const Status& failure) {
+  const std::string& m = failure.message();
+  std::vector<uint64_t> words(1 + (m.size() + 8) / 8, 0);
+  words[0] = static_cast<uint64_t>(failure.code());
+  std::memcpy(words.data() + 1, m.data(), m.size());
+  return Words(words);
+}
+
+Status DecodeFailure(const std::vector<uint64_t>& words) {
+  std::string text(reinterpret_cast<const char*>(words.data() + 1),
+                   (words.size() - 1) * sizeof(uint64_t));
+  text.resize(std::strlen(text.c_str()));
+  return Status(static_cast<Code>(words[0]), text);
+}
+
 constexpr double kWaitSliceS = 0.02;  // how often waiters look at the job's failure
 constexpr double kFailedFinalizeWaitS = 60;  // exit's wait for the thread after a failure
 constexpr double kFailedSettleS = 5;  // a failed job's wait for operations in flight
@@ -162,8 +184,24 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
                                       ": a collective across nodes cannot run after rank(s) " +
                                       lost_names_ + " were lost");
   }
-  // On the thread:
+  // On the thread, a pass of Work's loop, step by step (each true: it did something).
+  struct Pass;                  // what other threads handed the thread since the last pass
+  Pass TakePass();              // (mu_ not held)
+  bool SendPosted(Pass& pass);  // their sends, the failure to tell, the leader's offer
+  bool StartOps(Pass& pass);
+  bool TestOps();               // completes the collectives that finished
+  void TestSends();
+  bool ServeWaiting();          // requests that came before this rank's server
+  void SendHeartbeats();
+  // Stopping: says leaving once, and whether the loop may end (`failed_since`:
+  // when it first saw the job failed, or < 0).
+  bool MayEnd(bool* busy, double* failed_since);
+  void Sleep(double* idle_s);   // waits for work, longer while nothing happens
+  // A message from another rank, read and acted upon.
   bool Receive();
+  void DeclaredLost(int from);
+  void Deliver(int from, int tag, std::vector<char> message);
+  void DeliverToRankZero(int from, std::vector<char> message);
   // Node 0's leader: takes node `node`'s offer, sends what it decides.
   void Offer(int node, const std::vector<uint64_t>& message);
   // Skips a lost rank unless `even_if_lost`.
@@ -232,6 +270,14 @@ class TransportLink : public NodeLink, public std::enable_shared_from_this<Trans
     std::vector<char> bytes;
   };
   std::deque<Outgoing> outbox_;
+  struct Pass {
+    std::deque<std::shared_ptr<Op>> starting;
+    std::vector<uint64_t> offer;
+    bool have_offer = false;
+    bool stop = false;
+    Status to_send;
+    std::deque<Outgoing> outgoing;
+  };
   // The memory server, segment calls waiting for replies, other nodes' clocks (mu_).
   SegmentServer server_;
   std::atomic<uint64_t> next_call_{1};
@@ -336,159 +382,25 @@ void TransportLink::Work(const LinkOptions& options) {
     done_cv_.notify_all();
     return;
   }
-  // Sleeps grow while nothing happens: up to 1 ms when idle, but only up to
-  // 50 us while anything is in flight (a collective, a segment call, or an
-  // offer awaiting its decision): the transport progresses (MPI does), and a
-  // message is seen, only when this thread polls. (Measured: a fit step of a
-  // 0.67M-parameter MLP, 2 nodes x 2 workers, 5 Gbit/s, took 33 ms at 1 ms,
-  // 24 ms at 50 us.)
-  constexpr double kIdleSleepS = 1e-3, kInFlightSleepS = 50e-6;
   double idle_s = 0;
-  double failed_stop_s = -1;  // when the loop, stopping, first saw the job failed
+  double failed_since = -1;  // when the loop, stopping, first saw the job failed
   last_heartbeats_s_ = MonotonicSeconds();  // the first go out on the first pass
   for (;;) {
     ++passes_;
-    bool busy = false;
-    std::deque<std::shared_ptr<Op>> starting;
-    std::vector<uint64_t> offer;
-    bool have_offer = false, stop = false;
-    Status to_send;
-    std::deque<Outgoing> outgoing;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      starting.swap(queue_);
-      if (offer_pending_) {
-        offer.swap(offer_);
-        offer_pending_ = false;
-        have_offer = true;
-      }
-      to_send = failure_to_send_;
-      failure_to_send_ = Status::Ok();
-      stop = stop_;
-      outgoing.swap(outbox_);
-    }
-    for (Outgoing& o : outgoing) {
-      Send(o.to, o.tag, std::move(o.bytes));
-      busy = true;
-    }
-    if (!to_send.ok()) {
-      const std::string& m = to_send.message();
-      std::vector<uint64_t> words(1 + (m.size() + 8) / 8, 0);
-      words[0] = static_cast<uint64_t>(to_send.code());
-      std::memcpy(words.data() + 1, m.data(), m.size());
-      for (int r = 0; r < world_; ++r) {
-        if (r != rank_) Send(r, kTagFailure, Words(words));
-      }
-      busy = true;
-    }
-    for (auto& op : starting) {
-      Status started = op->start(*transport_, &op->transfer);
-      if (!started.ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        op->error = std::move(started);
-        op->done = true;
-        done_cv_.notify_all();
-      } else {
-        active_.push_back(op);
-      }
-      busy = true;
-    }
-    if (have_offer) {
-      if (node_ == 0) {
-        Offer(0, offer);
-      } else {
-        Send(JobRank(0, 0), kTagCandidates, Words(offer));
-      }
-      busy = true;
-    }
-    for (size_t i = 0; i < active_.size();) {
-      Status outcome;
-      if (!transport_->Test(active_[i]->transfer.get(), &outcome)) {
-        ++i;
-        continue;
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        active_[i]->error = std::move(outcome);
-        active_[i]->done = true;
-      }
-      done_cv_.notify_all();
-      active_.erase(active_.begin() + i);
-      busy = true;
-    }
-    for (size_t i = 0; i < sends_.size();) {
-      Status outcome;  // a failed send: its peer is gone, which liveness finds
-      if (!transport_->Test(sends_[i].transfer.get(), &outcome)) {
-        ++i;
-        continue;
-      }
-      sends_.erase(sends_.begin() + i);
-    }
+    Pass pass = TakePass();
+    bool busy = SendPosted(pass);
+    busy |= StartOps(pass);
+    busy |= TestOps();
+    TestSends();
     while (Receive()) busy = true;
-    // Requests that came before this rank's server existed, in order.
-    while (!unserved_.empty() && Serve(unserved_.front().first, unserved_.front().second)) {
-      unserved_.pop_front();
-      busy = true;
-    }
-    if (nodes_ > 1) {
-      const double now = MonotonicSeconds();
-      if (now >= next_heartbeat_) {
-        next_heartbeat_ = now + kHeartbeatS;
-        last_heartbeats_s_ = now;
-        // One heartbeat in flight per rank: to a rank that died, each new
-        // send would be another failed connect (in Open MPI's TCP transport).
-        std::vector<bool> beating(world_, false);
-        for (const Sending& s : sends_) {
-          if (s.tag == kTagHeartbeat) beating[s.to] = true;
-        }
-        for (int r = 0; r < world_; ++r) {
-          if (node_of_[r] != node_ && !beating[r]) Send(r, kTagHeartbeat, {});
-        }
-      }
-    }
-    if (stop) {
-      const bool failed = !Failure().ok();
-      if (!failed && nodes_ > 1 && !sent_leaving_) {
-        for (int r = 0; r < world_; ++r) {
-          if (r != rank_) Send(r, kTagLeaving, {});
-        }
-        sent_leaving_ = true;
-        busy = true;
-      }
-      const bool others_left = nodes_ == 1 || OthersGone();
-      // Sends to lost ranks never complete: they do not hold the exit. Nor do
-      // sends to ranks that left once a rank was lost: nobody finishes MPI then,
-      // so such a rank may have exited with the send unreceived (survivors on
-      // two nodes; measured: 1 exit in 4 at 1+2+1 waited out its whole timeout).
-      const bool sent = std::all_of(sends_.begin(), sends_.end(), [&](const Sending& s) {
-        return Lost(s.to) || (peers_lost_ && liveness_->left(s.to));
-      });
-      if (failed) {
-        // The other ranks failed too and started the same cross-node operations
-        // (or none): let those in flight complete, briefly (what is still in
-        // flight then, no counterpart started: finishing goes on without it).
-        if (failed_stop_s < 0) failed_stop_s = MonotonicSeconds();
-        if (active_.empty() || peers_lost_ ||
-            MonotonicSeconds() - failed_stop_s >= kFailedSettleS) {
-          break;
-        }
-      } else if (others_left && active_.empty() && sent) {
-        break;
-      }
-    }
+    busy |= ServeWaiting();
+    if (nodes_ > 1) SendHeartbeats();
+    if (pass.stop && MayEnd(&busy, &failed_since)) break;
     if (busy) {
       idle_s = 0;
       continue;
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    const bool in_flight = !active_.empty() || !calls_.empty() || awaiting_ > 0;
-    idle_s = std::min(in_flight ? kInFlightSleepS : kIdleSleepS, std::max(2e-5, idle_s * 2));
-    work_cv_.wait_for(lock, std::chrono::duration<double>(idle_s), [&] {
-      // Once leaving (or settling after a failure), a stopping link still sleeps
-      // between polls.
-      return !queue_.empty() || offer_pending_ || (stop_ && !sent_leaving_ && failure_.ok()) ||
-             !failure_to_send_.ok() || !outbox_.empty();
-    });
+    Sleep(&idle_s);
   }
   polling_ = false;  // finishing may block a while: not a stuck call
   // Every rank finishes the transport (else mpirun calls the job failed),
@@ -504,6 +416,163 @@ void TransportLink::Work(const LinkOptions& options) {
   std::lock_guard<std::mutex> lock(mu_);
   finished_ = true;
   done_cv_.notify_all();
+}
+
+TransportLink::Pass TransportLink::TakePass() {
+  Pass pass;
+  std::lock_guard<std::mutex> lock(mu_);
+  pass.starting.swap(queue_);
+  if (offer_pending_) {
+    pass.offer.swap(offer_);
+    offer_pending_ = false;
+    pass.have_offer = true;
+  }
+  pass.to_send = failure_to_send_;
+  failure_to_send_ = Status::Ok();
+  pass.stop = stop_;
+  pass.outgoing.swap(outbox_);
+  return pass;
+}
+
+bool TransportLink::SendPosted(Pass& pass) {
+  bool busy = false;
+  for (Outgoing& o : pass.outgoing) {
+    Send(o.to, o.tag, std::move(o.bytes));
+    busy = true;
+  }
+  if (!pass.to_send.ok()) {
+    const std::vector<char> message = EncodeFailure(pass.to_send);
+    for (int r = 0; r < world_; ++r) {
+      if (r != rank_) Send(r, kTagFailure, message);
+    }
+    busy = true;
+  }
+  if (pass.have_offer) {
+    if (node_ == 0) {
+      Offer(0, pass.offer);
+    } else {
+      Send(JobRank(0, 0), kTagCandidates, Words(pass.offer));
+    }
+    busy = true;
+  }
+  return busy;
+}
+
+bool TransportLink::StartOps(Pass& pass) {
+  for (auto& op : pass.starting) {
+    Status started = op->start(*transport_, &op->transfer);
+    if (!started.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      op->error = std::move(started);
+      op->done = true;
+      done_cv_.notify_all();
+    } else {
+      active_.push_back(op);
+    }
+  }
+  return !pass.starting.empty();
+}
+
+bool TransportLink::TestOps() {
+  bool busy = false;
+  for (size_t i = 0; i < active_.size();) {
+    Status outcome;
+    if (!transport_->Test(active_[i]->transfer.get(), &outcome)) {
+      ++i;
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active_[i]->error = std::move(outcome);
+      active_[i]->done = true;
+    }
+    done_cv_.notify_all();
+    active_.erase(active_.begin() + i);
+    busy = true;
+  }
+  return busy;
+}
+
+void TransportLink::TestSends() {
+  for (size_t i = 0; i < sends_.size();) {
+    Status outcome;  // a failed send: its peer is gone, which liveness finds
+    if (!transport_->Test(sends_[i].transfer.get(), &outcome)) {
+      ++i;
+      continue;
+    }
+    sends_.erase(sends_.begin() + i);
+  }
+}
+
+bool TransportLink::ServeWaiting() {
+  bool busy = false;
+  while (!unserved_.empty() && Serve(unserved_.front().first, unserved_.front().second)) {
+    unserved_.pop_front();
+    busy = true;
+  }
+  return busy;
+}
+
+void TransportLink::SendHeartbeats() {
+  const double now = MonotonicSeconds();
+  if (now < next_heartbeat_) return;
+  next_heartbeat_ = now + kHeartbeatS;
+  last_heartbeats_s_ = now;
+  // One heartbeat in flight per rank: to a rank that died, each new send
+  // would be another failed connect (in Open MPI's TCP transport).
+  std::vector<bool> beating(world_, false);
+  for (const Sending& s : sends_) {
+    if (s.tag == kTagHeartbeat) beating[s.to] = true;
+  }
+  for (int r = 0; r < world_; ++r) {
+    if (node_of_[r] != node_ && !beating[r]) Send(r, kTagHeartbeat, {});
+  }
+}
+
+bool TransportLink::MayEnd(bool* busy, double* failed_since) {
+  const bool failed = !Failure().ok();
+  if (!failed && nodes_ > 1 && !sent_leaving_) {
+    for (int r = 0; r < world_; ++r) {
+      if (r != rank_) Send(r, kTagLeaving, {});
+    }
+    sent_leaving_ = true;
+    *busy = true;
+  }
+  if (failed) {
+    // The other ranks failed too and started the same cross-node operations
+    // (or none): let those in flight complete, briefly (what is still in
+    // flight then, no counterpart started: finishing goes on without it).
+    if (*failed_since < 0) *failed_since = MonotonicSeconds();
+    return active_.empty() || peers_lost_ || MonotonicSeconds() - *failed_since >= kFailedSettleS;
+  }
+  const bool others_left = nodes_ == 1 || OthersGone();
+  // Sends to lost ranks never complete: they do not hold the exit. Nor do
+  // sends to ranks that left once a rank was lost: nobody finishes MPI then,
+  // so such a rank may have exited with the send unreceived (survivors on
+  // two nodes; measured: 1 exit in 4 at 1+2+1 waited out its whole timeout).
+  const bool sent = std::all_of(sends_.begin(), sends_.end(), [&](const Sending& s) {
+    return Lost(s.to) || (peers_lost_ && liveness_->left(s.to));
+  });
+  return others_left && active_.empty() && sent;
+}
+
+void TransportLink::Sleep(double* idle_s) {
+  // Sleeps grow while nothing happens: up to 1 ms when idle, but only up to
+  // 50 us while anything is in flight (a collective, a segment call, or an
+  // offer awaiting its decision): the transport progresses (MPI does), and a
+  // message is seen, only when this thread polls. (Measured: a fit step of a
+  // 0.67M-parameter MLP, 2 nodes x 2 workers, 5 Gbit/s, took 33 ms at 1 ms,
+  // 24 ms at 50 us.)
+  constexpr double kIdleSleepS = 1e-3, kInFlightSleepS = 50e-6;
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool in_flight = !active_.empty() || !calls_.empty() || awaiting_ > 0;
+  *idle_s = std::min(in_flight ? kInFlightSleepS : kIdleSleepS, std::max(2e-5, *idle_s * 2));
+  work_cv_.wait_for(lock, std::chrono::duration<double>(*idle_s), [&] {
+    // Once leaving (or settling after a failure), a stopping link still sleeps
+    // between polls.
+    return !queue_.empty() || offer_pending_ || (stop_ && !sent_leaving_ && failure_.ok()) ||
+           !failure_to_send_.ok() || !outbox_.empty();
+  });
 }
 
 bool TransportLink::OthersGone() const {
@@ -689,29 +758,9 @@ bool TransportLink::Receive() {
   int from = 0, tag = 0;
   std::vector<char> message;
   if (!transport_->Receive(&from, &tag, &message)) return false;
-  const size_t bytes = message.size();
   liveness_->Heard(from, MonotonicSeconds());
   if (tag == kTagDeclaredLost) {
-    // This rank was silent long enough for another to go on without it (it
-    // stalled, or the network did): the others moved on, so it must stop,
-    // loudly, rather than train on a copy of the parameters no one else sees.
-    const Status failure(Code::kAborted,
-                         "rank " + std::to_string(rank_) + " (node " + std::to_string(node_) +
-                             ") sent nothing for " +
-                             std::to_string(static_cast<int>(lost_after_s_)) +
-                             " s, so rank " + std::to_string(from) +
-                             " went on without it (the asynchronous mode survives lost nodes); "
-                             "this rank stops");
-    // The others count this rank as gone and will not finish the transport
-    // with it: MPI_Finalize would wait for them (the exit's whole failed-job
-    // wait). Its own node's ranks, which never judge it, must not wait for it
-    // at their exit either.
-    peers_lost_ = true;
-    Fail(failure);
-    for (int local = 0; local < local_size_; ++local) {
-      const int r = JobRank(node_, local);
-      if (r != rank_) Send(r, kTagLeaving, {});
-    }
+    DeclaredLost(from);
     return true;
   }
   if (Lost(from)) {
@@ -721,64 +770,108 @@ bool TransportLink::Receive() {
     }
     return true;  // what a lost rank says no longer counts
   }
-  if (tag == kTagHeartbeat) return true;
-  if (tag == kTagSegmentRequest) {
-    if (!unserved_.empty() || !Serve(from, message)) {
-      unserved_.emplace_back(from, std::move(message));
-    }
-    return true;
-  }
-  if (tag == kTagSegmentReply) {
-    Answer(message);
-    return true;
-  }
-  if (tag == kTagToRankZero) {
-    std::function<void(int, std::vector<char>)> receiver;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      receiver = rank_zero_receiver_;
-    }
-    if (receiver) {
-      receiver(from, std::move(message));
-    } else {
-      std::fprintf(stderr, "tf_smb: rank 0 dropped %zu bytes from rank %d: nothing takes them\n",
-                   bytes, from);
-    }
-    return true;
-  }
-  if (tag == kTagLeaving) {
-    liveness_->Left(from);
-    return true;
-  }
-  std::vector<uint64_t> words(bytes / sizeof(uint64_t));
-  if (!words.empty()) std::memcpy(words.data(), message.data(), words.size() * sizeof(uint64_t));
-  const int count = static_cast<int>(words.size());
-  if (tag == kTagClock && count == 2) {
-    std::function<void()> wake;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      clocks_[from] = {from, words[0], words[1]};
-      wake = wake_cb_;
-    }
-    if (wake) wake();
-  } else if (tag == kTagCandidates) {
-    Offer(node_of_[from], words);
-  } else if (tag == kTagDecision && count == 2) {
-    std::function<void()> wake;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      decisions_.push_back(words[1]);
-      wake = wake_cb_;
-    }
-    if (wake) wake();
-  } else if (tag == kTagFailure && count >= 1) {
-    std::string text(reinterpret_cast<const char*>(words.data() + 1),
-                     (words.size() - 1) * sizeof(uint64_t));
-    text.resize(std::strlen(text.c_str()));
-    Status failure(static_cast<Code>(words[0]), text);
-    Fail(failure);
-  }
+  Deliver(from, tag, std::move(message));
   return true;
+}
+
+void TransportLink::DeclaredLost(int from) {
+  // This rank was silent long enough for another to go on without it (it
+  // stalled, or the network did): the others moved on, so it must stop,
+  // loudly, rather than train on a copy of the parameters no one else sees.
+  const Status failure(Code::kAborted,
+                       "rank " + std::to_string(rank_) + " (node " + std::to_string(node_) +
+                           ") sent nothing for " +
+                           std::to_string(static_cast<int>(lost_after_s_)) + " s, so rank " +
+                           std::to_string(from) +
+                           " went on without it (the asynchronous mode survives lost nodes); "
+                           "this rank stops");
+  // The others count this rank as gone and will not finish the transport
+  // with it: MPI_Finalize would wait for them (the exit's whole failed-job
+  // wait). Its own node's ranks, which never judge it, must not wait for it
+  // at their exit either.
+  peers_lost_ = true;
+  Fail(failure);
+  for (int local = 0; local < local_size_; ++local) {
+    const int r = JobRank(node_, local);
+    if (r != rank_) Send(r, kTagLeaving, {});
+  }
+}
+
+void TransportLink::Deliver(int from, int tag, std::vector<char> message) {
+  switch (tag) {
+    case kTagHeartbeat:
+      return;
+    case kTagLeaving:
+      liveness_->Left(from);
+      return;
+    case kTagSegmentRequest:
+      if (!unserved_.empty() || !Serve(from, message)) {
+        unserved_.emplace_back(from, std::move(message));
+      }
+      return;
+    case kTagSegmentReply:
+      Answer(message);
+      return;
+    case kTagToRankZero:
+      DeliverToRankZero(from, std::move(message));
+      return;
+    default:
+      break;
+  }
+  const std::vector<uint64_t> words = WordsOf(message);
+  std::function<void()> wake;
+  switch (tag) {
+    case kTagCandidates:
+      Offer(node_of_[from], words);
+      return;
+    case kTagFailure:
+      if (words.empty()) break;
+      Fail(DecodeFailure(words));
+      return;
+    case kTagClock:
+      if (words.size() != 2) break;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        clocks_[from] = {from, words[0], words[1]};
+        wake = wake_cb_;
+      }
+      if (wake) wake();
+      return;
+    case kTagDecision:
+      if (words.size() != 2) break;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        decisions_.push_back(words[1]);
+        wake = wake_cb_;
+      }
+      if (wake) wake();
+      return;
+    default:
+      break;
+  }
+  // A message no rank of this build sends: the ranks run different builds of
+  // tf_smb, or a bug. Every rank stops, saying what came.
+  const Status unreadable(Code::kInternal,
+                          "rank " + std::to_string(rank_) + " got a message it cannot read from "
+                          "rank " + std::to_string(from) + ": tag " + std::to_string(tag) +
+                          ", " + std::to_string(message.size()) +
+                          " bytes (do all ranks run the same tf_smb build?)");
+  SendFailure(unreadable);
+  Fail(unreadable);
+}
+
+void TransportLink::DeliverToRankZero(int from, std::vector<char> message) {
+  std::function<void(int, std::vector<char>)> receiver;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    receiver = rank_zero_receiver_;
+  }
+  if (receiver) {
+    receiver(from, std::move(message));
+  } else {
+    std::fprintf(stderr, "tf_smb: rank 0 dropped %zu bytes from rank %d: nothing takes them\n",
+                 message.size(), from);
+  }
 }
 
 void TransportLink::Offer(int node, const std::vector<uint64_t>& message) {

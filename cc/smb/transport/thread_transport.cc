@@ -278,6 +278,11 @@ void ThreadNetwork::Cut(int rank) {
   inboxes_[rank].clear();
 }
 
+void ThreadNetwork::Inject(int from, int to, int tag, std::vector<char> bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  inboxes_[to].push_back({from, tag, std::move(bytes)});
+}
+
 void ThreadNetwork::Stall(int rank) {
   std::lock_guard<std::mutex> lock(mu_);
   stalled_[rank] = true;

@@ -43,6 +43,9 @@ class ThreadNetwork {
   // (SIGSTOP) and then continued.
   void Stall(int rank);
   void Resume(int rank);
+  // Puts a message in rank `to`'s inbox as if rank `from` had sent it (a test
+  // of what the link does with a message it cannot read).
+  void Inject(int from, int to, int tag, std::vector<char> bytes);
 
   int nodes() const { return nodes_; }
   int world() const { return static_cast<int>(node_of_.size()); }

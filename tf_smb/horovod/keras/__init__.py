@@ -24,6 +24,7 @@ from tf_smb.horovod.basics import (  # noqa: F401  (the public API)
     remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from tf_smb.horovod.gradients import GradientReducer, _divided
 from tf_smb.horovod.sync_batch_norm import SyncBatchNormalization  # noqa: F401
+from tf_smb.keras_support import registry
 
 
 class _DistributedOptimizer:
@@ -52,7 +53,7 @@ class _DistributedOptimizer:
         grads = list(grads)
         base = super()
         variables = (list(trainable_variables) if trainable_variables is not None
-                     else list(getattr(self, "_trainable_variables", [])))
+                     else list(registry.read(self, registry.OPTIMIZER_VARIABLES, [])))
         if self._hvd_passes == 1:
             return base.apply(self._hvd_reduce(grads, variables), trainable_variables)
         with tf.init_scope():
