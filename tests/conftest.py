@@ -46,6 +46,8 @@ KERAS_FACING = (
     "test_async.py::test_fit_counts_each_workers_own_batches_and_validates_on_all_data",
     "test_async.py::test_a_worker_without_a_batch_finishes_fit",
     "test_local_replicas.py::test_fit_evaluate_predict_equal_one_process",
+    "test_same_as_one_process.py::test_custom_train_step_and_default_shuffle_equal_one_process",
+    "test_same_as_one_process.py::test_a_model_built_outside_the_scope_is_refused",
 )
 
 

@@ -42,6 +42,8 @@ it (and its change pushed into the box with several processes).
 """
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
@@ -50,6 +52,7 @@ from tensorflow.python.distribute import distribute_utils
 from tensorflow.python.distribute import mirrored_run
 from tensorflow.python.distribute import parameter_server_strategy
 from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.eager import def_function
 
 from tensorflow.python.distribute import ps_values
 
@@ -90,6 +93,30 @@ def logical_cpu_devices(count: int) -> List[str]:
             "work, or configure the devices first with "
             "tf.config.set_logical_device_configuration.")
     return [d.name for d in logical[:count]]
+
+
+_COUNTING_ROWS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _counting_rows(fn: Any) -> Any:
+    """`fn`, run by each replica thread inside step_rows.replica_step of its own
+    batch. A tf.function stays one (made once per function): the mirrored runner
+    traces a tf.function's Python function once for all replicas, whereas a plain
+    wrapper around it would nest a tf.function per replica (and Keras 3.3's step,
+    a tf.function, would then sum its gradients inside it, which TensorFlow refuses)."""
+    python_fn = fn.python_function if isinstance(fn, def_function.Function) else fn
+
+    def counting(*args, **kwargs):
+        with step_rows.replica_step(args, kwargs):
+            return python_fn(*args, **kwargs)
+
+    if not isinstance(fn, def_function.Function):
+        return counting
+    wrapped = _COUNTING_ROWS.get(fn)
+    if wrapped is None:
+        wrapped = _COUNTING_ROWS[fn] = def_function.function(
+            functools.wraps(python_fn)(counting))
+    return wrapped
 
 
 def _unwrap(variable: Any) -> Any:
@@ -262,12 +289,7 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
                 with tf.control_dependencies(starts):
                     return inner(*a, **k)
         if not self._mode.asynchronous:
-            # Gradients weigh each replica's rows (tf_smb/step_rows.py).
-            step = fn
-
-            def fn(*a, **k):  # pylint: disable=function-redefined
-                with step_rows.replica_step(a, k):
-                    return step(*a, **k)
+            fn = _counting_rows(fn)  # gradients weigh each replica's rows (step_rows.py)
         return mirrored_run.call_for_each_replica(self._container_strategy(), fn,
                                                   args, kwargs)
 

@@ -34,13 +34,16 @@ class ReplicaRows:
       count: the rows, a float32 scalar tensor.
       mean_loss: whether the step's loss is Keras' mean over the replica's rows
         divided by the replica count (so its gradients need weighing).
+      undivided: whether the step's loss is Keras 3.3's mean over the replica's
+        rows, not divided by the replica count (so its gradients average).
     """
 
-    __slots__ = ("count", "mean_loss")
+    __slots__ = ("count", "mean_loss", "undivided")
 
     def __init__(self, count: tf.Tensor) -> None:
         self.count = count
         self.mean_loss = False
+        self.undivided = False
 
 
 def _rows_of(structure: Any) -> Optional[tf.Tensor]:
@@ -67,6 +70,14 @@ def replica_step(args: Any, kwargs: Any) -> Iterator[None]:
 def current() -> Optional[ReplicaRows]:
     """The rows of the replica step this thread traces, or None outside one."""
     return getattr(_state, "rows", None)
+
+
+def note_undivided_mean_loss() -> None:
+    """Marks the replica step being traced (if any) as one whose loss is Keras
+    3.3's mean over its rows, not divided by the replica count."""
+    rows = current()
+    if rows is not None:
+        rows.undivided = True
 
 
 def note_mean_loss() -> None:

@@ -42,7 +42,7 @@ def scenario(strategy, name):
     if name == "default_shuffle":  # fit(x, y): Keras shuffles, with the user's seed
         x, y = data(n=96)
         return fit_weights(strategy, x=x, y=y, batch_size=24, epochs=2)
-    if name == "custom_step":  # a subclassed model's own train_step
+    if name in ("custom_step", "custom_step_sgd"):  # a subclassed model's own train_step
         class Custom(keras.Model):
             def train_step(self, batch):
                 x, y = batch
@@ -57,7 +57,9 @@ def scenario(strategy, name):
             inputs = keras.Input((6,))
             outputs = keras.layers.Dense(3)(keras.layers.Dense(8, activation="tanh")(inputs))
             model = Custom(inputs, outputs)
-            model.compile(optimizer=keras.optimizers.Adam(0.05),
+            optimizer = (keras.optimizers.SGD(0.1) if name == "custom_step_sgd"
+                         else keras.optimizers.Adam(0.05))
+            model.compile(optimizer=optimizer,
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(24), epochs=2, verbose=0)
         return [w.tolist() for w in model.get_weights()]
@@ -106,7 +108,7 @@ def scenario(strategy, name):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--scenarios", default="odd_global,partial_last,default_shuffle")
+    p.add_argument("--scenarios", required=True)
     p.add_argument("--mode", default="sync")
     a = p.parse_args()
     strategy = tf_smb.SMBStrategy(

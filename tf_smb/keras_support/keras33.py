@@ -21,6 +21,7 @@ from typing import Iterator
 import tensorflow as tf
 
 from tf_smb import phase
+from tf_smb import step_rows
 from tf_smb.keras_support import registry
 
 
@@ -60,6 +61,20 @@ def in_unscaled_train_step() -> bool:
     replica's mean (not divided by the replica count, as Keras 3.4+ does), so
     its gradients average, rather than sum, into the global batch's."""
     return _TRAIN_STEPS[0] > 0
+
+
+def _install_compute_loss_mark() -> None:
+    """A custom train_step that calls Keras 3.3's compute_loss has its undivided
+    loss too: the replica step is marked (step_rows), so its gradients average."""
+    found = registry.locate(registry.COMPUTE_LOSS)
+    compute_loss = found.original()
+
+    @functools.wraps(compute_loss)
+    def hook(self, *args, **kwargs):
+        step_rows.note_undivided_mean_loss()
+        return compute_loss(self, *args, **kwargs)
+
+    found.replace(hook)
 
 
 def _install_train_step_mark() -> None:
@@ -163,6 +178,7 @@ def install_build_before_first_step(state: threading.local) -> None:
 
     _install_metric_variables_sync_on_read()
     _install_train_step_mark()
+    _install_compute_loss_mark()
     _install_empty_batch_loss()
     epoch_iterator_at.replace(init_hook)
     # As Keras 3.4+, fit and evaluate build first; predict builds in its trace.

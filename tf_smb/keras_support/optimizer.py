@@ -118,9 +118,11 @@ def _rows_weighted_sum(grads: List[Any]) -> List[tf.Tensor]:
 def _gradient_reduce_op() -> tf.distribute.ReduceOp:
     """How replicas' gradients combine into the global batch's: SUM, as
     tf.distribute expects (Keras 3.4+ divides each replica's loss by the replica
-    count); MEAN in Keras 3.3's own train step, whose loss is not divided."""
+    count); MEAN in Keras 3.3's own train step, whose loss is not divided, and in
+    a step whose loss came from Keras 3.3's compute_loss (a custom train_step)."""
     from tf_smb.keras_support import keras33  # pylint: disable=import-outside-toplevel
-    if keras33.in_unscaled_train_step():
+    rows = step_rows.current()
+    if keras33.in_unscaled_train_step() or (rows is not None and rows.undivided):
         return tf.distribute.ReduceOp.MEAN
     return tf.distribute.ReduceOp.SUM
 

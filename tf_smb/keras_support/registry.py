@@ -90,6 +90,10 @@ METRIC_ADD_VARIABLE = Hook(
 VARIABLE_INITIALIZE = Hook(
     "variable initialize", ("keras.src.backend.tensorflow.core:Variable._initialize",),
     "metrics summed over workers when read (Keras 3.3 makes them per worker)")
+COMPUTE_LOSS = Hook(
+    "compute loss", ("keras.src.trainers.trainer:Trainer.compute_loss",),
+    "gradients of Keras 3.3's undivided loss averaged, not summed, over workers, also in "
+    "a custom train_step that calls compute_loss")
 LOSS_REDUCE = Hook(
     "loss reduction", ("keras.src.losses.loss:reduce_values",),
     "a replica's empty part of a batch has loss 0, not NaN (Keras 3.3 divides by 0 rows)")
@@ -98,7 +102,7 @@ LOSS_DISTRIBUTION_SCALE = Hook(
     "gradients of a global batch that splits unevenly over replicas weighted by each "
     "replica's rows, as one process on the global batch (Keras 3.4+; Keras 3.3 does "
     "not divide the loss: its train step is hooked instead)",
-    instead=(TRAIN_STEP,))
+    instead=(TRAIN_STEP, COMPUTE_LOSS))
 BUILD_MARKER = Hook(
     "build marker",
     (f"{_TRAINER}:TensorFlowTrainer._maybe_symbolic_build",  # Keras 3.4-3.15
@@ -106,7 +110,7 @@ BUILD_MARKER = Hook(
     "models, metrics and optimizers built from the first batch before training "
     "starts, taking that batch's structure without combining it over replicas",
     instead=(SYMBOLIC_BUILD, MAKE_TRAIN_FUNCTION, MAKE_TEST_FUNCTION,
-             METRIC_ADD_VARIABLE, VARIABLE_INITIALIZE, TRAIN_STEP, LOSS_REDUCE))
+             METRIC_ADD_VARIABLE, VARIABLE_INITIALIZE, TRAIN_STEP, COMPUTE_LOSS, LOSS_REDUCE))
 EPOCH_ITERATOR = Hook(
     "epoch length", (f"{_TRAINER}:TFEpochIterator.__init__",),
     "asynchronous fit counts each worker's own batches and validates on all the data",
@@ -191,17 +195,16 @@ class Private:
       owners: "module:Class" places whose source defines it; the first that exists
         is checked (its source must mention the name, or the class have it).
       provides: what the user gets from it (said when it is missing).
-      since_keras_3_4: Keras 3.3 lacks it and tf_smb does without it there.
     """
     name: str
     owners: Tuple[str, ...]
     provides: str
-    since_keras_3_4: bool = False
 
 
 _ADAPTERS = "keras.src.trainers.data_adapters"
 MODEL_STRATEGY = Private(
-    "_distribute_strategy", (f"{_TRAINER}:TensorFlowTrainer",),
+    "_distribute_strategy", (f"{_TRAINER}:TensorFlowTrainer",  # Keras 3.3-3.15
+                             f"{_TRAINER}:Trainer"),  # keras-nightly 3.16
     "the strategy a model was made under (`model.distribute_strategy` answers with the "
     "strategy in scope at the call instead)")
 OPTIMIZER_STRATEGY = Private(
@@ -234,7 +237,8 @@ MODEL_INITIAL_EPOCH = Private(
     "_initial_epoch", ("keras.callbacks:BackupAndRestore",),
     "BackupAndRestore: every worker restored the same epoch (checked)")
 VARIABLE_VALUE = Private(
-    "_value", ("keras.src.backend.tensorflow.core:Variable",),
+    "_value", ("keras.src.backend.tensorflow.core:Variable",  # Keras 3.3-3.15
+               "keras.src.backend.tensorflow.ops.core:Variable"),  # keras-nightly 3.16
     "asynchronous mode: weights set outside training go into the box")
 BATCH_NORM_MOMENTS = Private(
     "_moments", ("keras.src.layers.normalization.batch_normalization:BatchNormalization",),
@@ -447,16 +451,13 @@ def in_use(hooks: Tuple[Hook, ...] = HOOKS) -> List[Hook]:
 def missing(hooks: Tuple[Hook, ...] = HOOKS,
             privates: Tuple[Private, ...] = PRIVATES) -> List[Tuple[Any, str]]:
     """The hooks and private attributes the running Keras lacks, each with the
-    reason (those only Keras 3.4+ has are not asked of Keras 3.3)."""
+    reason."""
     out: List[Tuple[Any, str]] = []
     for hook in hooks:
         why = problem(hook)
         if why is not None:
             out.append((hook, why))
-    keras_3_3 = keras_version().startswith("3.3.")
     for private in privates:
-        if private.since_keras_3_4 and keras_3_3:
-            continue
         why = problem_of_private(private)
         if why is not None:
             out.append((private, why))
