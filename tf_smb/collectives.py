@@ -56,8 +56,11 @@ class Collectives(abc.ABC):
         with tf.control_dependencies([lengths]):
             for root in range(size):
                 # The others pass a tensor of root's shape, which the broadcast overwrites.
-                sent = tf.identity(tensor) if root == rank else tf.zeros(
+                sent = tensor if root == rank else tf.zeros(
                     tf.concat([lengths[root:root + 1], shape[1:]], 0), tensor.dtype)
+                # One name on every worker: Horovod matches a graph's collectives by
+                # their input's name (the box by call site).
+                sent = tf.identity(sent, name=f"allgather_from_{root}")
                 parts.append(self.broadcast([sent], root=root)[0])
         return tf.concat(parts, axis=0)
 
