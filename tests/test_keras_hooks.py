@@ -1,5 +1,5 @@
 """The contract with Keras: every attribute tf_smb hooks (the registry in
-tf_smb/keras_support/registry.py) is found on the running Keras, is hooked where
+tf_smb/keras_registry.py) is found on the running Keras, is hooked where
 the registry found it, and a Keras without one stops a strategy with an error that
 names the Keras version, the hook and what it provides. Runs on every tested
 TensorFlow + Keras pair (`bash tools/test.sh --keras PAIR`)."""
@@ -14,7 +14,7 @@ from harness import REPO, run_python
 
 pytest.importorskip("keras")
 
-from tf_smb.keras_support import registry  # noqa: E402
+from tf_smb import keras_registry as registry  # noqa: E402
 
 
 def test_every_registered_hook_is_found_on_this_keras():
@@ -28,7 +28,7 @@ def test_strategy_hooks_every_registered_place():
     # A 2-worker job's hooks, installed as a strategy installs them (no job runs).
     out = run_python(
         "from tf_smb import keras_support\n"
-        "from tf_smb.keras_support import registry\n"
+        "from tf_smb import keras_registry as registry\n"
         "from tf_smb.env import JobInfo\n"
         "keras_support.install_strategy_hooks(JobInfo(rank=0, size=2, job_id='hooks',\n"
         "    box_created=False, launcher='test'))\n"
@@ -147,7 +147,7 @@ def test_keras_private_names_are_reached_only_through_the_registry():
     assert "_distribute_strategy" in keras_names and "_num_batches" in keras_names
     offenders = []
     for path in glob.glob(os.path.join(REPO, "tf_smb", "**", "*.py"), recursive=True):
-        if path.endswith(os.path.join("keras_support", "registry.py")):
+        if path.endswith(os.path.join("tf_smb", "keras_registry.py")):
             continue
         where = os.path.relpath(path, REPO)
         tree = ast.parse(open(path).read(), path)
@@ -165,7 +165,7 @@ def test_keras_private_names_are_reached_only_through_the_registry():
             elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
                   and node.value in keras_names):
                 offenders.append(f"{where}:{node.lineno} {node.value!r}")
-    assert not offenders, ("Keras private names outside tf_smb/keras_support/registry.py "
+    assert not offenders, ("Keras private names outside tf_smb/keras_registry.py "
                            f"(add a registry.Private and use registry.read/write): {offenders}")
 
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tf_smb.horovod import basics
 from tf_smb.horovod import collectives
-from tf_smb.keras_support import registry
+from tf_smb import keras_registry as registry
 
 
 class SyncBatchNormalization(keras.layers.BatchNormalization):

@@ -13,7 +13,8 @@ behaves exactly as without tf_smb.
   saving.py  rank 0 alone writes model files
   weights.py async: weights loaded or set outside training go into the box
 
-registry.py lists every Keras attribute hooked, found by feature detection;
+tf_smb/keras_registry.py (below this package: tf_smb.horovod reads Keras' privates
+through it too) lists every Keras attribute hooked, found by feature detection;
 `check_hooks()` raises a clear error when the running Keras lacks one.
 `install()` puts the fit, data, saving, weight and callback hooks in place (once per
 process); each hook then asks the model's own strategy whether to act.
@@ -25,7 +26,7 @@ from tf_smb.keras_support.saving import saves_on_rank0_only
 from tf_smb.keras_support.callbacks import install_callback_hooks
 from tf_smb.keras_support.fit import install_fit_hooks
 from tf_smb.keras_support.hooks import check_hooks, install, install_strategy_hooks
-from tf_smb.keras_support.registry import KerasHookMissingError
+from tf_smb.keras_registry import KerasHookMissingError
 from tf_smb.keras_support.saving import install_saving_hooks
 from tf_smb.keras_support._owner import note_async_strategy
 

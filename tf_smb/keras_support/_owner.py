@@ -8,7 +8,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Iterable, Optional, Tuple
 
-from tf_smb.keras_support import registry
+from tf_smb import keras_registry as registry
 
 # Async SMB strategies of 2+ workers, for objects that do not record theirs (layers).
 _ASYNC_STRATEGIES: "weakref.WeakSet[Any]" = weakref.WeakSet()

@@ -27,7 +27,7 @@ import uuid
 from typing import Any, Callable, Dict, Optional
 
 from tf_smb.keras_support import _owner
-from tf_smb.keras_support import registry
+from tf_smb import keras_registry as registry
 from tf_smb.keras_support import saving
 from tf_smb.keras_support import weights
 

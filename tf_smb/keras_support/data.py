@@ -25,7 +25,7 @@ import functools
 import threading
 from typing import Any, Iterator, Optional
 
-from tf_smb.keras_support import registry
+from tf_smb import keras_registry as registry
 
 _state = threading.local()
 _HOOKED = False

@@ -10,7 +10,7 @@ from typing import Any, Optional
 from tf_smb import phase
 from tf_smb.keras_support import _owner
 from tf_smb.keras_support import data as data_lib
-from tf_smb.keras_support import registry
+from tf_smb import keras_registry as registry
 
 # The async fit running in this thread (evaluation and model building are
 # marked in tf_smb.phase, which the engines read).

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tf_smb.keras_support import registry
+from tf_smb import keras_registry as registry
 
 
 def check_hooks() -> None:

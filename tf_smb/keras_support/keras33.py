@@ -4,7 +4,7 @@ Keras 3.4+ builds a model, its metrics and its optimizer from the first batch
 before training (`_maybe_symbolic_build`) and makes metric variables sum over
 replicas when read; Keras 3.3 builds them while tracing the first step and makes
 metric variables that every worker reads alone. For models of tf_smb strategies
-on such a Keras (found by feature detection, tf_smb/keras_support/registry.py),
+on such a Keras (found by feature detection, tf_smb/keras_registry.py),
 these hooks build before the first step and make metric variables sync on read.
 Its train step's loss is each replica's mean, not divided by the replica count
 as in Keras 3.4+, so its gradients average over workers (`in_unscaled_train_step`;
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tf_smb import phase
 from tf_smb import step_rows
-from tf_smb.keras_support import registry
+from tf_smb import keras_registry as registry
 
 
 _AGGREGATIONS = {"sum": tf.VariableAggregation.SUM, "mean": tf.VariableAggregation.MEAN,

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 import tensorflow as tf
 
 from tf_smb import step_rows
-from tf_smb.keras_support import registry
+from tf_smb import keras_registry as registry
 
 _HOOKED = False
 _local = threading.local()

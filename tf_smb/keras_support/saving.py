@@ -19,7 +19,7 @@ import threading
 from typing import Any, Callable
 
 from tf_smb.keras_support import _owner
-from tf_smb.keras_support import registry
+from tf_smb import keras_registry as registry
 
 _HOOKED = False
 _told = threading.Event()

@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional
 
 from tf_smb import timeline as timeline_lib
 from tf_smb.keras_support import _owner
-from tf_smb.keras_support import registry
+from tf_smb import keras_registry as registry
 
 _HOOKED = False
 # Training steps this process started, over all its `fit` calls: the steps'

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from tf_smb.keras_support import _owner
 from tf_smb.keras_support import fit as fit_lib
-from tf_smb.keras_support import registry
+from tf_smb import keras_registry as registry
 
 _HOOKED = False
 _state = threading.local()  # depth: weight-setting calls this thread is inside

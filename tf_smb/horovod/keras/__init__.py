@@ -24,7 +24,7 @@ from tf_smb.horovod.basics import (  # noqa: F401  (the public API)
     remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from tf_smb.horovod.gradients import GradientReducer, _divided
 from tf_smb.horovod.sync_batch_norm import SyncBatchNormalization  # noqa: F401
-from tf_smb.keras_support import registry
+from tf_smb import keras_registry as registry
 
 
 class _DistributedOptimizer:
