@@ -292,19 +292,12 @@ def name_of(private: Private) -> str:
 def problem_of_private(private: Private) -> Optional[str]:
     """Why the running Keras lacks `private`, or None."""
     for place in private.owners:
-        module_name, path = place.split(":")
-        try:
-            owner: Any = importlib.import_module(module_name)
-        except ImportError:
+        found = _at(place)  # (module, "Class")
+        if found is None:
             continue
-        for part in path.split("."):
-            owner = getattr(owner, part, None)
-            if owner is None:
-                break
-        if owner is None:
-            continue
-        if hasattr(owner, private.name) or f".{private.name}" in _source_of(owner) or (
-                f"def {private.name}(" in _source_of(owner)):
+        owner = getattr(*found)
+        # A method or class attribute; or an instance attribute its source sets.
+        if hasattr(owner, private.name) or f".{private.name}" in _source_of(owner):
             return None
         return f"{place} is there but no longer has {private.name}"
     return f"it has no {' or '.join(private.owners)}"
