@@ -118,9 +118,8 @@ def test_keras_glue_patches_keras_only_through_the_registry():
 _NOT_KERAS = {
     "_config": "AsyncEngine's options (async_mode.py)",
     "_cond": "the iterator releaser's condition (iterator_release.py)",
-    "_combine": "LocalReplicasExtended's reduction (local_replicas.py)",
     "_lock": "the supervisor's lock (supervisor.py)",
-    "_values": "TensorFlow's DistributedValues (data_parallel.py, local_replicas.py)",
+    "_values": "TensorFlow's DistributedValues (data_parallel.py)",
 }
 
 

@@ -78,12 +78,15 @@ def test_reduce_and_gather_combine_replicas_or_refuse_in_async_mode(mode, proces
     # Each replica adds its index + 1. Combining over processes that train apart
     # (async, 2+ processes) raises ValueError, with or without replica threads;
     # everything else combines every replica in sync (one process's replica
-    # threads, async too, step together).
-    scenarios = ("reduce", "shard_off") if mode == "async" else ("reduce",)
+    # threads, async too, step together). An async process trains on every
+    # N-th whole batch, split over its own replicas, which are its replica group.
+    scenarios = ("reduce", "shard_off", "shard") if mode == "async" else ("reduce",)
     total = processes * replicas
     for r in _run(processes, replicas, scenarios, mode):
         where = f"rank {r['rank']}, {mode}, {processes} processes x {replicas} replicas"
         reduced, gathered = r["reduce"]["reduce"], r["reduce"]["gather"]
+        in_sync = replicas if mode == "async" else total
+        assert r["reduce"]["in_sync"] == in_sync, (where, r["reduce"])
         if mode == "async" and processes > 1:
             for said in (reduced, gathered):
                 assert "workers are not in step" in said.get("error", ""), (where, said)
@@ -91,8 +94,10 @@ def test_reduce_and_gather_combine_replicas_or_refuse_in_async_mode(mode, proces
             assert reduced == {"value": total * (total + 1) / 2}, (where, reduced)
             assert gathered == {"value": [float(i + 1) for i in range(total)]}, (where, gathered)
         if mode == "async":
-            # 10 batches under AutoShardPolicy.OFF: every worker trains on each.
+            # 10 batches under AutoShardPolicy.OFF: every worker trains on each;
+            # sharded, every N-th.
             assert r["shard_off"] == 10, (where, r["shard_off"])
+            assert r["shard"] == 10 // processes, (where, r["shard"])
 
 
 @pytest.mark.parametrize("how", ["leave_early", "raise_early"])

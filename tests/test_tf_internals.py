@@ -1,11 +1,12 @@
-"""The TensorFlow and Keras internals tf_smb/data_parallel.py and
-tf_smb/local_replicas.py build on (measured with TF 2.16-2.21 / Keras 3.3-3.16). A newer TensorFlow or Keras that moves
-one fails here, naming what to change, instead of in a multi-worker run.
+"""The TensorFlow and Keras internals tf_smb/data_parallel.py,
+tf_smb/replica_layout.py and tf_smb/local_replicas.py build on (measured with
+TF 2.16-2.21 / Keras 3.3-3.16). A newer TensorFlow or Keras that moves one
+fails here, naming what to change, instead of in a multi-worker run.
 
 DataParallelStrategy subclasses tf.distribute.MultiWorkerMirroredStrategy
 (only so that Keras takes its multi-worker path for `predict` and logs) and
-skips that class's `__init__`; its extended class subclasses TF's internal
-OneDeviceExtended.
+skips that class's `__init__`; its one extended class subclasses TF's
+StrategyExtendedV1 and implements what a strategy's extended class provides.
 """
 import inspect
 
@@ -16,7 +17,7 @@ tf = pytest.importorskip("tensorflow")
 from tensorflow.python.distribute import distribute_lib  # noqa: E402
 from tensorflow.python.distribute import distribute_utils  # noqa: E402
 from tensorflow.python.distribute import input_util  # noqa: E402
-from tensorflow.python.distribute import one_device_strategy  # noqa: E402
+from tensorflow.python.distribute import input_lib  # noqa: E402
 from tensorflow.python.distribute import values as values_lib  # noqa: E402
 from tensorflow.python.ops import control_flow_util  # noqa: E402
 
@@ -33,15 +34,23 @@ PYTHON_RECORDS = {"__qualname__", "__firstlineno__", "__static_attributes__", "_
 # constant, a classmethod building a new MWMS, API-name records).
 OVERRIDDEN = {"cluster_resolver"}
 
-# OneDeviceExtended methods DataParallelExtended overrides or calls.
-ONE_DEVICE_USED = (
-    "_create_variable", "_experimental_distribute_dataset", "_input_workers_with_options",
-    "_update", "_call_for_each_replica", "_local_results", "_reduce_to", "_batch_reduce_to",
-    "_gather_to_implementation", "_distribute_datasets_from_function",
+# StrategyExtendedV1 members DataParallelExtended overrides (TensorFlow calls
+# them) or calls.
+EXTENDED_USED = (
+    "_create_variable", "_experimental_distribute_dataset",
+    "_update", "_update_non_slot", "_call_for_each_replica", "_local_results", "_reduce_to",
+    "_batch_reduce_to", "_gather_to_implementation", "_distribute_datasets_from_function",
     "_experimental_distribute_values_from_function", "_in_multi_worker_mode",
-    "_get_local_replica_id", "should_checkpoint", "should_save_summary",
-    "experimental_should_init", "_num_replicas_in_sync", "worker_devices",
-    "value_container", "_use_merge_call", "call_for_each_replica", "update", "_container_strategy")
+    "should_checkpoint",
+    "should_save_summary", "experimental_should_init", "_num_replicas_in_sync",
+    "worker_devices", "parameter_devices", "non_slot_devices", "value_container", "read_var",
+    "_broadcast_to", "_validate_colocate_with_variable", "experimental_between_graph",
+    "_use_merge_call", "call_for_each_replica", "update", "_container_strategy")
+# What TensorFlow calls on an extended class without the base defining it: the
+# module of tensorflow/python/distribute that calls it.
+EXTENDED_CALLED = {
+    "_input_workers_with_options": "input_lib", "_get_local_replica_id": "distribute_lib",
+    "_get_replica_id_in_sync_group": "mirrored_run"}
 
 
 def _params(fn):
@@ -89,17 +98,27 @@ def test_keras_takes_the_multi_worker_path_for_our_strategy():
         f"now and adapt DataParallelStrategy ({HOME})")
 
 
-def test_one_device_extended_has_what_we_override_and_call():
-    base = one_device_strategy.OneDeviceExtended
-    assert type(tf.distribute.OneDeviceStrategy("/cpu:0").extended) is base
-    assert _params(base.__init__) == ["self", "container_strategy", "device"], (
-        f"OneDeviceExtended.__init__ changed: DataParallelExtended ({HOME}) calls "
-        "super().__init__(container_strategy, device)")
-    missing = [name for name in ONE_DEVICE_USED if not hasattr(base, name)]
+def test_strategy_extended_has_what_we_override_and_call():
+    base = distribute_lib.StrategyExtendedV1
+    assert _params(base.__init__) == ["self", "container_strategy"], (
+        f"StrategyExtendedV1.__init__ changed: DataParallelExtended ({HOME}) calls "
+        "super().__init__(container_strategy)")
+    missing = [name for name in EXTENDED_USED if not hasattr(base, name)]
     assert not missing, (
-        f"OneDeviceExtended lacks {missing}: DataParallelExtended ({HOME}) overrides or "
-        "calls them; find where TensorFlow moved them (StrategyExtendedV1, "
-        "MirroredExtended) and follow")
+        f"StrategyExtendedV1 lacks {missing}: DataParallelExtended ({HOME}) overrides or "
+        "calls them; find where TensorFlow moved them and follow")
+    import importlib
+    for name, module in EXTENDED_CALLED.items():
+        source = inspect.getsource(importlib.import_module(
+            f"tensorflow.python.distribute.{module}"))
+        assert f"extended.{name}(" in source, (
+            f"tensorflow/python/distribute/{module}.py no longer calls extended.{name}: "
+            f"DataParallelExtended ({HOME}) provides it; find what TensorFlow calls now")
+    assert _params(input_lib.InputWorkers.__init__)[:2] == ["self", "worker_device_pairs"], (
+        f"input_lib.InputWorkers changed: DataParallelExtended._input_workers_with_options "
+        f"({HOME}) builds one from (host, devices) pairs")
+    assert callable(distribute_utils.validate_colocate) and callable(
+        distribute_lib.UpdateContext), "validate_colocate or UpdateContext is gone"
 
 
 def test_input_pipeline_functions_take_our_arguments():
@@ -182,31 +201,29 @@ def test_a_one_worker_strategy_works_without_the_skipped_init():
 
 
 LOCAL_HOME = "tf_smb/local_replicas.py"
-# ParameterServerStrategyExtended (CentralStorageStrategy's) methods
-# LocalReplicasExtended overrides or relies on.
-PARAMETER_SERVER_USED = (
-    "_create_variable", "_update", "_input_workers_with_options", "_get_local_replica_id",
-    "_get_replica_id_in_sync_group", "worker_devices_by_replica", "_local_results")
 
 
 def test_local_replicas_internals():
     from tensorflow.python.distribute import mirrored_run  # noqa: E402
-    from tensorflow.python.distribute import parameter_server_strategy  # noqa: E402
     from tensorflow.python.distribute import ps_values  # noqa: E402
-    base = parameter_server_strategy.ParameterServerStrategyExtended
-    assert {"container_strategy", "compute_devices", "parameter_device"} <= set(
-        _params(base.__init__)), (
-        f"ParameterServerStrategyExtended.__init__ changed: LocalReplicasExtended "
-        f"({LOCAL_HOME}) passes compute_devices and parameter_device")
-    missing = [name for name in PARAMETER_SERVER_USED if not hasattr(base, name)]
-    assert not missing, (
-        f"ParameterServerStrategyExtended lacks {missing}: LocalReplicasExtended "
-        f"({LOCAL_HOME}) overrides or relies on them")
     assert _params(mirrored_run.call_for_each_replica)[:4] == [
         "strategy", "fn", "args", "kwargs"], (
-        f"mirrored_run.call_for_each_replica changed: LocalReplicasExtended ({LOCAL_HOME}) "
+        f"mirrored_run.call_for_each_replica changed: ReplicaThreads ({LOCAL_HOME}) "
         "runs the replicas' threads with it")
+    assert _params(ps_values.AggregatingVariable.__init__)[:4] == [
+        "self", "strategy", "v", "aggregation"], (
+        f"ps_values.AggregatingVariable(strategy, v, aggregation) changed: "
+        f"ReplicaThreads.create_variable ({LOCAL_HOME}) wraps the one copy with it")
     assert hasattr(ps_values.AggregatingVariable, "get"), (
-        f"ps_values.AggregatingVariable.get is gone: LocalReplicasExtended._update "
-        f"({LOCAL_HOME}) unwraps variables with it")
+        f"ps_values.AggregatingVariable.get is gone: ReplicaThreads ({LOCAL_HOME}) "
+        "unwraps variables with it")
+    # The one copy points back to its wrapper (DataParallelExtended.value_container),
+    # and a mirrored value's first replica is its _primary (ReplicaThreads.apply_update).
+    strategy = tf.distribute.get_strategy()
+    inner = tf.Variable(1.0)
+    wrapped = ps_values.AggregatingVariable(strategy, inner, tf.VariableAggregation.SUM)
+    assert inner._aggregating_container() is wrapped, (
+        f"AggregatingVariable no longer sets _aggregating_container: {HOME} value_container")
+    mirrored = values_lib.Mirrored((tf.constant(1.0), tf.constant(2.0)))
+    assert float(mirrored._primary) == 1.0, f"Mirrored._primary changed: {LOCAL_HOME}"
     # Keras' own attributes that tf_smb hooks: tests/test_keras_hooks.py.

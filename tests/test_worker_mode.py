@@ -53,7 +53,7 @@ def test_in_step_combines_processes_and_reads_a_part_of_every_batch():
     data = tf.data.Dataset.range(7)
     assert mode.whole_batches(data, RANK_1_OF_3) is None  # rebatched by the Extended
     with phase.evaluating():
-        assert mode.splits_input(RANK_1_OF_3)  # sync evaluation reads its part too
+        assert mode.whole_batches(data, RANK_1_OF_3) is None  # evaluation reads its part too
     assert mode.training_batches(7, RANK_1_OF_3) == 7
     variable = tf.Variable(1.0)
     assert not mode.place(variable) and mode.start_step((), {}) == []
@@ -70,10 +70,9 @@ def test_independent_processes_read_every_nth_batch_whole_but_evaluate_on_all():
     assert not mode.combines_processes(RANK_1_OF_3) and mode.processes_apart(RANK_1_OF_3)
     data = tf.data.Dataset.range(7)
     assert _batches(mode.whole_batches(data, RANK_1_OF_3)) == [1, 4]
-    assert mode.training_batches(7, RANK_1_OF_3) == 2 and mode.splits_input(RANK_1_OF_3)
+    assert mode.training_batches(7, RANK_1_OF_3) == 2
     with phase.evaluating():
         assert _batches(mode.whole_batches(data, RANK_1_OF_3)) == list(range(7))
-        assert not mode.splits_input(RANK_1_OF_3)
 
 
 def test_independent_keeps_trainable_variables_in_the_box_and_updates_them_there():

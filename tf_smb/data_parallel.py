@@ -1,10 +1,12 @@
 """The data-parallel machinery SMBStrategy and the reference HorovodStrategy
-share: one replica per process, variables that start equal on every worker
-(broadcast from rank 0), gradients summed over workers by a collectives
-backend (tf_smb/collectives.py), sharded input, and reductions and gathers
-over workers. The two strategies differ only in their backend, and in
-SMBStrategy's asynchronous mode (tf_smb/async_mode.py), which plugs in here as a
-worker mode (tf_smb/worker_mode.py: what sync and async answer differently).
+share: variables that start equal on every worker (broadcast from rank 0),
+gradients summed over workers by a collectives backend (tf_smb/collectives.py),
+sharded input, and reductions and gathers over workers. The two strategies
+differ only in their backend, and in what SMBStrategy adds as the two policy
+objects of the one Extended class: a replica layout (tf_smb/replica_layout.py:
+one replica per process, or replica threads, tf_smb/local_replicas.py) and a
+worker mode (tf_smb/worker_mode.py: what sync and async answer differently;
+async's engine in tf_smb/async_mode.py).
 
     class MyStrategy(DataParallelStrategy):
         def __init__(self):
@@ -15,9 +17,10 @@ worker mode (tf_smb/worker_mode.py: what sync and async answer differently).
 How it plugs into TensorFlow and Keras 3 (what TF 2.21 / Keras 3.15 call is
 listed in tests/test_tf_internals.py, which fails, saying what to change, when
 a TensorFlow or Keras version moves it):
-  * the extended class builds on TF's OneDeviceExtended (one local device) and
-    adds what a multi-worker strategy needs: world-sized `num_replicas_in_sync`,
-    sharded input pipelines, cross-worker reductions and gathers;
+  * the extended class implements TF's StrategyExtendedV1 for this process's
+    replicas (the layout's devices) and adds what a multi-worker strategy
+    needs: world-sized `num_replicas_in_sync`, sharded input pipelines,
+    cross-worker reductions and gathers;
   * metric variables (synchronization=ON_READ) are SyncOnReadVariables, so a
     read outside a replica (Keras' final `evaluate` results) sums them over
     all workers;
@@ -32,24 +35,24 @@ a TensorFlow or Keras version moves it):
 """
 from __future__ import annotations
 
-import contextlib
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import distribute_utils
-from tensorflow.python.distribute import one_device_strategy
+from tensorflow.python.distribute import input_lib
+from tensorflow.python.distribute import ps_values
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import control_flow_util
 
 from tf_smb import env as env_lib
 from tf_smb import phase
-from tf_smb import step_rows
 from tf_smb.collectives import Collectives
 from tf_smb.options import GradientClipping, check_gradient_clipping  # noqa: F401
 from tf_smb.iterator_release import distributed_dataset, distributed_datasets_from_function
+from tf_smb.replica_layout import OneReplica, ReplicaLayout
 from tf_smb.worker_mode import InStep, WorkerMode
 
 if TYPE_CHECKING:
@@ -126,25 +129,32 @@ class WorkerRoles:
         return True
 
 
-class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
-    """The workings of a DataParallelStrategy: one local device, many workers.
+class DataParallelExtended(WorkerRoles, distribute_lib.StrategyExtendedV1):
+    """The workings of a DataParallelStrategy: the one Extended class of every
+    tf_smb strategy, varied by two policy objects it asks instead of checking
+    flags: where the process's replicas sit (a ReplicaLayout: one replica, or
+    replica threads; tf_smb/replica_layout.py) and how the workers train
+    together (a WorkerMode: in step, or independently; tf_smb/worker_mode.py).
+    Every other rule (input sharding, variables starting equal, reductions,
+    gathers, what async workers may combine) has one copy, here.
 
     Args:
       container_strategy: the strategy this belongs to.
       job: this worker's rank and the number of workers.
       collectives: what combines tensors across workers.
-      device: the local device.
-      mode: how the workers train together (tf_smb/worker_mode.py); InStep
-        when None. SMBStrategy(mode="async") with 2+ workers gives an
-        Independent one whose engine holds the trainable variables in the box.
+      layout: where this process's replicas sit; OneReplica("/cpu:0") when None.
+      mode: how the workers train together; InStep when None.
+        SMBStrategy(mode="async") gives an Independent one, whose engine holds
+        the trainable variables in the box with 2+ workers.
     """
 
     def __init__(self, container_strategy: "DataParallelStrategy", job: env_lib.JobInfo,
-                 collectives: Collectives, device: str = "/cpu:0",
+                 collectives: Collectives, layout: Optional[ReplicaLayout] = None,
                  mode: Optional[WorkerMode] = None) -> None:
-        super().__init__(container_strategy, device)
+        super().__init__(container_strategy)
         self._job = job
         self._collectives = collectives
+        self._replicas = layout or OneReplica()
         self._mode = mode or InStep()
         # Distributed iterators agree across workers on whether any worker
         # still has data, so uneven shards end every worker's epoch together.
@@ -161,6 +171,16 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
     def worker_mode(self) -> WorkerMode:
         """How the workers train together: in step or independently."""
         return self._mode
+
+    @property
+    def replica_layout(self) -> ReplicaLayout:
+        """Where this process's replicas sit: one, or replica threads."""
+        return self._replicas
+
+    @property
+    def local_replicas(self) -> int:
+        """Replicas in this process."""
+        return self._replicas.local_replicas
 
     @property
     def async_engine(self) -> Optional["AsyncEngine"]:
@@ -183,34 +203,72 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         when a step started."""
         return self._mode.require_engine("max_clock_gap").max_clock_gap
 
+    def finish(self) -> None:
+        """This process is done training: in async mode, after what the layout
+        waits for (the parameter-server thread's updates), wait for the other
+        live processes and load the box's final values (eagerly)."""
+        self._replicas.finish(self._mode)
+        self._mode.finish()
+
     def _in_multi_worker_mode(self) -> bool:
         # Asynchronous workers never wait for each other's input or logs.
         return self._mode.combines_processes(self._job)
 
     @property
+    def _replicas_in_job(self) -> int:
+        """Every replica of every process."""
+        return self._replicas.local_replicas * self._job.size
+
+    @property
     def _num_replicas_in_sync(self) -> int:
-        # Asynchronously each worker is a replica group of its own: Keras then
-        # does not divide the loss, and a push carries the full gradient.
-        return self._job.size if self._mode.combines_processes(self._job) else 1
+        # The replicas whose gradients are combined. Asynchronously a process
+        # is a replica group of its own: Keras then divides the loss by its own
+        # replicas only, and one batch's pushes carry the batch's full gradient.
+        processes = self._job.size if self._mode.combines_processes(self._job) else 1
+        return self._replicas.local_replicas * processes
 
     def _get_local_replica_id(self, replica_id_in_sync_group: int) -> int:
-        return replica_id_in_sync_group - self._job.rank
+        return replica_id_in_sync_group - self._job.rank * self._replicas.local_replicas
+
+    def _get_replica_id_in_sync_group(self, replica_id: int) -> int:
+        return self._job.rank * self._replicas.local_replicas + replica_id
+
+    @property
+    def worker_devices(self) -> Tuple[str, ...]:
+        return self._replicas.devices
+
+    @property
+    def worker_devices_by_replica(self) -> List[List[str]]:
+        return [[d] for d in self._replicas.devices]
+
+    @property
+    def parameter_devices(self) -> Tuple[str, ...]:
+        return (self._replicas.parameter_device,)
+
+    def non_slot_devices(self, var_list):
+        del var_list
+        return (self._replicas.parameter_device,)
+
+    @property
+    def experimental_between_graph(self) -> bool:
+        return False
+
+    @property
+    def _global_batch_size(self) -> bool:
+        return True
 
     # -- variables ----------------------------------------------------------
     def _create_variable(self, next_creator, **kwargs):
-        if kwargs.get("synchronization",
-                      tf.VariableSynchronization.AUTO) == tf.VariableSynchronization.AUTO:
-            # As under MirroredStrategy: every worker writes its copy in step.
-            kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE
-        synchronization = kwargs["synchronization"]
+        strategy = self._container_strategy()
+        synchronization = kwargs.get("synchronization", tf.VariableSynchronization.AUTO)
         aggregation = kwargs.get("aggregation", tf.VariableAggregation.NONE)
         if (synchronization == tf.VariableSynchronization.ON_READ
                 and aggregation != tf.VariableAggregation.NONE):
-            # Worker-local state (metrics) that sums/averages over workers
-            # when read outside a replica.
-            local = super()._create_variable(next_creator, **kwargs)
+            # Replica-local state (metrics): one copy per local replica, which
+            # sums/averages over replicas and workers when read outside a replica.
             return values_lib.SyncOnReadVariable(
-                self._container_strategy(), [local], aggregation)
+                strategy, self._replicas.replica_copies(next_creator, kwargs), aggregation)
+        kwargs = self._replicas.variable_kwargs(kwargs)
         traced = self._job.size > 1 and _is_symbolic(kwargs.get("initial_value"))
         if traced and not self._mode.keeps_in_box(kwargs.get("trainable", True)):
             # Made while a tf.function traces (Keras 3.3 builds optimizers and
@@ -218,37 +276,70 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
             # function first runs, so rank 0's is broadcast in its initializer.
             kwargs["initial_value"] = self._collectives.broadcast(
                 [kwargs["initial_value"]], root=0)[0]
-        variable = super()._create_variable(next_creator, **kwargs)
-        if self._job.size > 1 and not self._mode.place(variable) and not traced:
+        variable = self._replicas.create_variable(strategy, next_creator, kwargs)
+        if (self._job.size > 1 and not self._mode.place(self._replicas.unwrap(variable))
+                and not traced):
             broadcast_initial_value(self._collectives, variable)
         return variable
+
+    def _validate_colocate_with_variable(self, colocate_with_variable):
+        distribute_utils.validate_colocate(colocate_with_variable, self)
 
     def _local_results(self, value):
         if isinstance(value, (values_lib.DistributedValues, tf.distribute.DistributedValues)):
             return value._values  # pylint: disable=protected-access
         return (value,)
 
+    def value_container(self, value):
+        # A replica thread's variable is the one copy inside an AggregatingVariable.
+        container = getattr(value, "_aggregating_container", None)
+        if container is not None and not isinstance(value, ps_values.AggregatingVariable):
+            wrapper = container()
+            if wrapper is not None:
+                return wrapper
+        return value
+
+    def read_var(self, replica_local_var):
+        return tf.identity(replica_local_var)
+
+    def _broadcast_to(self, tensor, destinations):
+        del destinations
+        if isinstance(tensor, (float, int)) or self._replicas.local_replicas == 1:
+            return tensor
+        return _mirrored([tensor] * self._replicas.local_replicas)
+
     # -- input --------------------------------------------------------------
+    def _input_workers_with_options(self, options=None):
+        host = self._replicas.host_device
+        if not options or options.experimental_fetch_to_device:
+            return input_lib.InputWorkers([(host, self._replicas.devices)])
+        return input_lib.InputWorkers([(host, (host,) * self._replicas.local_replicas)])
+
+    @property
+    def _input_workers(self):
+        return self._input_workers_with_options()
+
     def _make_input_context(self) -> distribute_lib.InputContext:
         return distribute_lib.InputContext(
             num_input_pipelines=self._job.size,
             input_pipeline_id=self._job.rank,
-            num_replicas_in_sync=self._job.size)
+            num_replicas_in_sync=self._replicas_in_job)
 
     def _experimental_distribute_dataset(self, dataset, options):
-        if self._job.size == 1:
-            # One worker: nothing to shard. The plain dataset, as the default
-            # strategy gives it, spares tf.distribute's iterator wrappers
-            # (measured: ~20% of an MLP's fit throughput).
+        if self._replicas_in_job == 1:
+            # One replica in all: nothing to split. The plain dataset, as the
+            # default strategy gives it, spares tf.distribute's iterator
+            # wrappers (measured: ~20% of an MLP's fit throughput).
             return dataset
         whole = self._mode.whole_batches(dataset, self._job)
-        if whole is not None:  # async: the batches this worker reads whole
-            return self._distributed(whole, options)
-        # Rebatch the global batch to global/size and shard it by worker, as
-        # MultiWorkerMirroredStrategy does; the iterator then ends every
+        if whole is not None:  # async: the batches this process reads whole
+            return self._distributed(whole, options,
+                                     num_replicas_in_sync=self._replicas.local_replicas)
+        # Rebatch the global batch over every replica and shard it by worker,
+        # as MultiWorkerMirroredStrategy does; the iterator then ends every
         # worker's epoch together even when shards have unequal length.
         return self._end_together_without_asking(self._distributed(
-            dataset, options, num_replicas_in_sync=self._job.size,
+            dataset, options, num_replicas_in_sync=self._replicas_in_job,
             input_context=self._make_input_context()))
 
     def _end_together_without_asking(self, distributed: Any) -> Any:
@@ -261,8 +352,8 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         alike; otherwise (lengths unknown or uneven) the iterators ask as before.
         """
         cardinality = getattr(distributed, "_cardinality", None)
-        if not tf.executing_eagerly() or cardinality is None or not getattr(
-                distributed, "_enable_get_next_as_optional", False):
+        if (self._job.size == 1 or not tf.executing_eagerly() or cardinality is None
+                or not getattr(distributed, "_enable_get_next_as_optional", False)):
             return distributed
         batches = int(cardinality)
         # Equal on every worker iff size * sum(c^2) == sum(c)^2; a count that
@@ -277,31 +368,25 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
 
     def training_batches(self, num_batches: int,
                          dataset: Optional[tf.data.Dataset] = None) -> int:
-        """How many of a dataset's `num_batches` global batches this worker
-        trains on in an epoch: every one (each worker takes its part of each),
+        """How many of a dataset's `num_batches` global batches this process
+        trains on in an epoch: every one (each process takes its part of each),
         or in async mode every size-th (`_experimental_distribute_dataset`)."""
         return self._mode.training_batches(num_batches, self._job, dataset)
 
     def _distributed(self, dataset, options, **kwargs):
-        """TensorFlow's distributed dataset of `dataset` for this worker's one device.
-
-        Without options from the user (Keras passes none) the worker iterates
-        the dataset itself rather than through a MultiDeviceIterator, which one
-        device does not need: making one took ~45 ms, and Keras makes two per
-        epoch, against ~1 ms (2 workers, benchmarks/epoch_time.py). The
-        dataset's autotuning thread is off unless the user's options say
-        otherwise (tf_smb/iterator_release.py: it made every epoch start late).
+        """TensorFlow's distributed dataset of `dataset` for this process's devices,
+        with the layout's input options unless the user gave some (Keras gives
+        none). The dataset's autotuning thread is off unless the user's options
+        say otherwise (tf_smb/iterator_release.py: it made every epoch start late).
         """
         if options is None:
-            options = tf.distribute.InputOptions(
-                experimental_fetch_to_device=False,
-                experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA)
+            options = self._replicas.default_input_options()
         return distributed_dataset(
             dataset, self._input_workers_with_options(options),
             self._container_strategy(), options=options, **kwargs)
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
-        if self._job.size == 1:
+        if self._replicas_in_job == 1:
             return dataset_fn(self._make_input_context())
         distributed = distributed_datasets_from_function(
             dataset_fn,
@@ -314,53 +399,86 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
         return self._end_together_without_asking(distributed)
 
     def _experimental_distribute_values_from_function(self, value_fn):
-        return value_fn(distribute_lib.ValueContext(self._job.rank, self._job.size))
+        values = [value_fn(distribute_lib.ValueContext(
+            self._get_replica_id_in_sync_group(r), self._replicas_in_job))
+                  for r in range(self._replicas.local_replicas)]
+        if len(values) == 1:
+            return values[0]
+        return distribute_utils.regroup(values, always_wrap=True)
 
     # -- running a step -----------------------------------------------------
     def _call_for_each_replica(self, fn, args, kwargs):
-        if self._job.size > 1:
+        if self._replicas_in_job > 1:
             check_not_in_xla()
-        strategy = self._container_strategy()
-        # Multi-worker input arrives as PerReplica values of one local replica.
-        args = distribute_utils.select_replica(0, args)
-        kwargs = distribute_utils.select_replica(0, kwargs)
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(framework_ops.device(self._device))
-            stack.enter_context(_WorkerReplicaContext(strategy, self._job.rank))
-            if self._mode.combines_processes(self._job):
-                # Gradients weigh this worker's rows (tf_smb/step_rows.py).
-                stack.enter_context(step_rows.replica_step(args, kwargs))
-            return self._mode.run_step(fn, args, kwargs)
+        # Combined gradients weigh each replica's rows (tf_smb/step_rows.py).
+        weigh_rows = not self._mode.asynchronous and self._num_replicas_in_sync > 1
+        return self._replicas.run(self._container_strategy(), self._mode, self._job,
+                                fn, args, kwargs, weigh_rows)
+
+    def _apply_update(self, var, fn, args, kwargs, group):
+        return self._replicas.apply_update(var, fn, args, kwargs, group, self._local_results)
 
     def _update(self, var, fn, args, kwargs, group):
-        return self._mode.update(var, args, lambda: super(DataParallelExtended, self)._update(
+        if self._mode.asynchronous and any(
+                isinstance(a, values_lib.PerReplica) for a in tf.nest.flatten((args, kwargs))):
+            # Asynchronous: every replica's own update, none combined.
+            result = tf.group(*self._replicas.update_each_replica(
+                self._mode, var, fn, args, kwargs, self._apply_update))
+            return result if group else (result,)
+        return self._mode.update(self._replicas.unwrap(var), args, lambda: self._apply_update(
             var, fn, args, kwargs, group), group)
 
+    def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
+        del colocate_with
+        device = self._replicas.parameter_device
+        with framework_ops.device(device), distribute_lib.UpdateContext(device):
+            result = fn(*args, **kwargs)
+            return result if group else tf.nest.map_structure(self._local_results, result)
+
     # -- reductions -----------------------------------------------------------
-    def _local_tensor(self, value: Any) -> tf.Tensor:
+    def _local_parts(self, value: Any) -> List[tf.Tensor]:
+        """This process's parts of `value`: one per local replica for a
+        distributed value, else the value itself (IndexedSlices densified)."""
         if isinstance(value, (values_lib.DistributedValues, tf.distribute.DistributedValues)):
-            value = value._values[0]  # pylint: disable=protected-access
-        if isinstance(value, tf.IndexedSlices):
-            value = tf.convert_to_tensor(value)
-        return tf.convert_to_tensor(value)
+            parts = list(value._values)  # pylint: disable=protected-access
+        else:
+            parts = [value]
+        return [tf.convert_to_tensor(p) for p in parts]
+
+    def _combine_values(self, reduce_op: tf.distribute.ReduceOp,
+                        values: Sequence[Any]) -> List[tf.Tensor]:
+        """Sums (or averages) values over this process's replicas, then over
+        the processes when they combine (sync mode, 2+ workers), in one collective."""
+        if not values:
+            return []
+        parts = [self._local_parts(v) for v in values]
+        for p in parts:
+            check_reducible(p)
+        combines = self._mode.combines_processes(self._job)
+        with framework_ops.device(self._replicas.parameter_device):
+            local = self._replicas.sum_local(parts)
+            if combines:
+                check_not_in_xla()
+                local = self._collectives.allreduce(local)
+            else:
+                local = [tf.identity(t) for t in local]
+            if reduce_op == tf.distribute.ReduceOp.MEAN:
+                processes = self._job.size if combines else 1
+                counts = [len(p) * processes for p in parts]
+                local = [s if n == 1 else s / tf.cast(n, s.dtype) if s.dtype.is_floating
+                         else s // n for s, n in zip(local, counts)]
+        return local
 
     def all_reduce(self, reduce_op: tf.distribute.ReduceOp,
                    values: Sequence[Any]) -> List[tf.Tensor]:
-        """Sums (or averages) local values over all workers, in one collective.
-
-        Local only (an identity) for one worker and in async mode.
-        """
-        tensors = [self._local_tensor(v) for v in values]
-        if not tensors or not self._mode.combines_processes(self._job):
-            # One worker, or asynchronous workers: nothing to combine.
-            return [tf.identity(t) for t in tensors]
-        check_not_in_xla()
-        check_reducible(tensors)
-        summed = self._collectives.allreduce(tensors)
-        if reduce_op == tf.distribute.ReduceOp.MEAN:
-            summed = [s / tf.cast(self._job.size, s.dtype) if s.dtype.is_floating
-                      else s // self._job.size for s in summed]
-        return summed
+        """Sums (or averages) values over every replica of every process that
+        combines: in a replica thread, through its replica context (all threads
+        meet); otherwise over the values' local parts, in one collective."""
+        context = tf.distribute.get_replica_context()
+        if self._replicas.local_replicas > 1 and context is not None and not isinstance(
+                context, distribute_lib._DefaultReplicaContext):  # pylint: disable=protected-access
+            return list(context.all_reduce(reduce_op, list(values)))
+        return self._combine_values(reduce_op, values)
 
     def _reduce_to(self, reduce_op, value, destinations, options):
         del destinations, options
@@ -368,20 +486,36 @@ class DataParallelExtended(WorkerRoles, one_device_strategy.OneDeviceExtended):
                                     value)
         # Keras passes whole structures here (e.g. an (x, y) batch).
         flat = tf.nest.flatten(value)
-        return tf.nest.pack_sequence_as(value, self.all_reduce(reduce_op, flat))
+        return tf.nest.pack_sequence_as(value, self._combine_values(reduce_op, flat))
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         del options
-        return self.all_reduce(reduce_op, [v for v, _ in value_destination_pairs])
+        values = [v for v, _ in value_destination_pairs]
+        if self._mode.asynchronous:
+            # Asynchronous replicas keep their own gradients (ReplicaContext.all_reduce).
+            return [v if isinstance(v, values_lib.DistributedValues) else tf.convert_to_tensor(v)
+                    for v in values]
+        summed = self._combine_values(reduce_op, values)
+        if self._replicas.local_replicas == 1:
+            return summed
+        return [_mirrored([s] * self._replicas.local_replicas) for s in summed]
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         del destinations, options
         # (Keras gathers only for synchronous multi-worker predict.)
         self._mode.check_combinable(self._job, "strategy.gather")
-        local = self._local_tensor(value)
-        if self._job.size == 1:
-            return tf.identity(local)
-        return all_gather(self._collectives, local, axis, self._job.rank, self._job.size)
+        parts = self._local_parts(value)
+        with framework_ops.device(self._replicas.parameter_device):
+            local = parts[0] if len(parts) == 1 else tf.concat(parts, axis=axis)
+            if not self._mode.combines_processes(self._job):
+                return tf.identity(local)
+            return all_gather(self._collectives, local, axis, self._job.rank, self._job.size)
+
+
+def _mirrored(tensors: Sequence[tf.Tensor]) -> values_lib.Mirrored:
+    """One value for every local replica."""
+    return values_lib.Mirrored(tuple(tensors))
+
 
 # The strategies of 2+ workers made in this process (weakly): a Keras model
 # built outside every scope is then most likely one meant to be inside one.
@@ -391,18 +525,6 @@ _MULTI_WORKER: "weakref.WeakSet[DataParallelStrategy]" = weakref.WeakSet()
 def multi_worker_strategies() -> List["DataParallelStrategy"]:
     """The live tf_smb strategies of 2+ workers in this process."""
     return list(_MULTI_WORKER)
-
-
-class _WorkerReplicaContext(distribute_lib.ReplicaContext):
-    """The replica context of this worker: replica `rank` of `size`."""
-
-    def __init__(self, strategy: "DataParallelStrategy", rank: int) -> None:
-        distribute_lib.ReplicaContext.__init__(
-            self, strategy, replica_id_in_sync_group=rank)
-
-    @property
-    def devices(self):
-        return self._strategy.extended.worker_devices
 
 
 class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
@@ -458,7 +580,7 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
           ValueError: in SMBStrategy(mode="async"), whose workers are not in
             step (reading a metric still gives this worker's value).
         """
-        one_replica = getattr(self.extended, "local_replicas", 1) == 1
+        one_replica = self.extended.local_replicas == 1
         if (any(isinstance(v, values_lib.PerReplica) for v in tf.nest.flatten(value))
                 and (one_replica or phase.is_building_model())):
             return tf.nest.map_structure(

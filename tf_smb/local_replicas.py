@@ -1,5 +1,6 @@
 """SingleCaffe's mode: many replicas as threads of one process, one copy of
-the parameters, combined with the other processes through the box.
+the parameters, combined with the other processes through the box: the
+ReplicaThreads layout of the one Extended class (tf_smb/replica_layout.py).
 
     strategy = tf_smb.SMBStrategy(local_replicas=3)   # 3 replicas per process
 
@@ -24,7 +25,11 @@ then run concurrently on the process's executor threads.
   * Input: the global batch is split over all replicas of all processes, as
     MultiWorkerMirroredStrategy splits it over its workers' devices.
 
-Asynchronously (mode="async"): replicas do not combine their gradients.
+Asynchronously (mode="async"): replicas do not combine their gradients. As
+with one replica per process, each process trains on every N-th global batch
+(N processes), split over its replicas, which are its replica group:
+`num_replicas_in_sync` is `local_replicas`, so one batch's pushes together carry
+the gradient of its mean loss.
 With update="sgd" each replica hands its gradient to the process's
 parameter-server thread and goes on; the thread applies the replicas' SGD (or
 momentum) steps one at a time, in the order they came, so none is lost:
@@ -44,27 +49,27 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 import tensorflow as tf
+from tensorflow.python.distribute import device_util
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import distribute_utils
 from tensorflow.python.distribute import mirrored_run
-from tensorflow.python.distribute import parameter_server_strategy
+from tensorflow.python.distribute import numpy_dataset
+from tensorflow.python.distribute import ps_values
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.eager import def_function
-
-from tensorflow.python.distribute import ps_values
+from tensorflow.python.framework import ops as framework_ops
+from tensorflow.python.util import nest
 
 from tf_smb import env as env_lib
 from tf_smb import phase
 from tf_smb import step_rows
 from tf_smb import ops as smb_ops
-from tf_smb.iterator_release import distributed_dataset, distributed_datasets_from_function
-from tf_smb.async_mode import AsyncEngine, sgd_step
-from tf_smb.collectives import Collectives
-from tf_smb import data_parallel
-from tf_smb.worker_mode import InStep, WorkerMode
+from tf_smb.async_mode import sgd_step
+from tf_smb.replica_layout import ReplicaLayout
+from tf_smb.worker_mode import WorkerMode
 
 
 def logical_cpu_devices(count: int) -> List[str]:
@@ -124,106 +129,56 @@ def _unwrap(variable: Any) -> Any:
     return variable.get() if isinstance(variable, ps_values.AggregatingVariable) else variable
 
 
-class LocalReplicasExtended(data_parallel.WorkerRoles,
-                            parameter_server_strategy.ParameterServerStrategyExtended):
-    """The workings of SMBStrategy(local_replicas=N): N replicas in this process
-    (one per device in `devices`), one parameter copy, many processes."""
+class ReplicaThreads(ReplicaLayout):
+    """SMBStrategy(local_replicas=N): N replicas in this process as threads, one
+    per device in `devices`, sharing one parameter copy on the first device.
 
-    def __init__(self, container_strategy: "data_parallel.DataParallelStrategy",
-                 job: env_lib.JobInfo, collectives: Collectives,
-                 devices: Sequence[str], mode: Optional[WorkerMode] = None,
+    Args:
+      devices: the replicas' devices (logical_cpu_devices).
+      timeout_s: how long a wait for the parameter-server thread lasts.
+    """
+
+    def __init__(self, devices: Sequence[str],
                  timeout_s: float = smb_ops.DEFAULT_TIMEOUT_S) -> None:
-        super().__init__(container_strategy, compute_devices=list(devices),
-                         parameter_device=devices[0])
-        self._job = job
-        self._collectives = collectives
-        self._local = len(devices)
-        # Independent: the replicas' updates go to the parameter-server thread
-        # (and, with 2+ processes, to the box through the mode's engine).
-        self._mode = mode or InStep()
+        self.devices = tuple(device_util.canonicalize(d) for d in devices)
         self._timeout_s = timeout_s
-        # As DataParallelExtended: uneven shards end every worker's epoch together.
-        self.experimental_enable_get_next_as_optional = True
-        self.enable_partial_batch_handling = True
 
-    # -- who we are ---------------------------------------------------------
-    @property
-    def collectives(self) -> Collectives:
-        """What combines tensors across processes."""
-        return self._collectives
-
-    @property
-    def worker_mode(self) -> WorkerMode:
-        """How the replicas and processes train together."""
-        return self._mode
-
-    @property
-    def async_engine(self) -> Optional[AsyncEngine]:
-        """Asynchronous with 2+ processes: the engine of the box-held
-        parameters; else None."""
-        return self._mode.engine
-
-    @property
-    def _box_segments(self):
-        """Asynchronous with 2+ processes: the box segment of every box-held
-        variable, by `ref()` (what BackupAndRestore saves)."""
-        return self._mode.segments
-
-    @property
-    def asynchronous(self) -> bool:
-        """True when the replicas update the parameters without combining."""
-        return self._mode.asynchronous
-
-    def finish(self) -> None:
-        """Asynchronous: returns once the parameter-server thread applied
-        every update handed to it; with 2+ processes, then also waits for the
-        other live processes and loads the box's final values (eagerly)."""
-        if self._mode.asynchronous:
-            smb_ops.server_wait(0, self._timeout_s)
-        self._mode.finish()
-
-    @property
-    def local_replicas(self) -> int:
-        """Replicas in this process."""
-        return self._local
-
-    def _in_multi_worker_mode(self) -> bool:
-        # Asynchronous processes never wait for each other's input or logs.
-        return self._mode.combines_processes(self._job)
-
-    @property
-    def _num_replicas_in_sync(self) -> int:
-        return self._local * self._job.size
-
-    def _get_local_replica_id(self, replica_id_in_sync_group: int) -> int:
-        return replica_id_in_sync_group - self._job.rank * self._local
-
-    def _get_replica_id_in_sync_group(self, replica_id: int) -> int:
-        return self._job.rank * self._local + replica_id
-
-    # -- variables ----------------------------------------------------------
-    def _create_variable(self, next_creator, **kwargs):
-        synchronization = kwargs.get("synchronization", tf.VariableSynchronization.AUTO)
-        aggregation = kwargs.get("aggregation", tf.VariableAggregation.NONE)
-        if (synchronization == tf.VariableSynchronization.ON_READ
-                and aggregation != tf.VariableAggregation.NONE):
-            return self._create_per_replica_variable(next_creator, **kwargs)
-        if aggregation == tf.VariableAggregation.NONE:
+    def variable_kwargs(self, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        if kwargs.get("aggregation", tf.VariableAggregation.NONE) == tf.VariableAggregation.NONE:
             # An assignment inside the replicas with no aggregation (Keras'
             # batch-norm statistics) keeps the first replica's value, which is
             # what reading a MirroredVariable gives: its first copy.
             kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
-        variable = super()._create_variable(next_creator, **kwargs)
-        if self._job.size > 1 and not self._mode.place(_unwrap(variable)):
-            data_parallel.broadcast_initial_value(self._collectives, variable)
-        return variable
+        return kwargs
 
-    def _create_per_replica_variable(self, next_creator, **kwargs):
-        """A SyncOnReadVariable with one copy per local replica (metrics)."""
-        aggregation = kwargs["aggregation"]
+    def create_variable(self, strategy: Any, next_creator: Callable[..., Any],
+                        kwargs: Dict[str, Any]) -> Any:
+        """An AggregatingVariable around the one copy (as TensorFlow's
+        CentralStorageStrategy makes): an assignment made in the replicas is
+        combined by its aggregation and applied once."""
+        aggregation = kwargs.pop("aggregation")
+
+        def aggregating(**creator_kwargs):
+            return ps_values.AggregatingVariable(strategy, next_creator(**creator_kwargs),
+                                                aggregation)
+
+        colocate_with = kwargs.get("colocate_with")
+        if colocate_with is not None:
+            if isinstance(colocate_with, numpy_dataset.SingleDevice):
+                with framework_ops.device(colocate_with.device):
+                    return aggregating(**kwargs)
+            with framework_ops.device(None), framework_ops.colocate_with(colocate_with):
+                return aggregating(**kwargs)
+        with framework_ops.colocate_with(None, ignore_existing=True):
+            with framework_ops.device(self.parameter_device):
+                return aggregating(**kwargs)
+
+    def replica_copies(self, next_creator: Callable[..., Any],
+                       kwargs: Dict[str, Any]) -> List[Any]:
+        """One copy per replica (metrics count without meeting)."""
         name = kwargs.get("name")
-        copies = []
-        for i, device in enumerate(self._compute_devices):
+        copies: List[Any] = []
+        for i, device in enumerate(self.devices):
             copy_kwargs = dict(kwargs)
             if i > 0:
                 if name is not None:
@@ -233,81 +188,56 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
                 copy_kwargs["initial_value"] = lambda first=first: tf.identity(first.value())
             with tf.device(device), tf.init_scope():
                 copies.append(next_creator(**copy_kwargs))
-        return values_lib.SyncOnReadVariable(self._container_strategy(), copies, aggregation)
+        return copies
 
-    # -- input --------------------------------------------------------------
-    def _make_input_context(self) -> distribute_lib.InputContext:
-        return distribute_lib.InputContext(
-            num_input_pipelines=self._job.size,
-            input_pipeline_id=self._job.rank,
-            num_replicas_in_sync=self._num_replicas_in_sync)
+    def unwrap(self, variable: Any) -> Any:
+        return _unwrap(variable)
 
-    def _experimental_distribute_dataset(self, dataset, options):
-        own_share = self._mode.splits_input(self._job)
-        return distributed_dataset(
-            dataset,
-            self._input_workers_with_options(options),
-            self._container_strategy(),
-            num_replicas_in_sync=self._num_replicas_in_sync,
-            input_context=self._make_input_context() if own_share else None,
-            options=options)
-
-    def _distribute_datasets_from_function(self, dataset_fn, options):
-        return distributed_datasets_from_function(
-            dataset_fn,
-            self._input_workers_with_options(options),
-            [self._make_input_context()],
-            self._container_strategy(),
-            options=options)
-
-    def _experimental_distribute_values_from_function(self, value_fn):
-        values = [value_fn(distribute_lib.ValueContext(
-            self._get_replica_id_in_sync_group(r), self._num_replicas_in_sync))
-                  for r in range(self._local)]
-        return distribute_utils.regroup(values, always_wrap=True)
-
-    # -- running a step -----------------------------------------------------
-    def _call_for_each_replica(self, fn, args, kwargs):
-        data_parallel.check_not_in_xla()
-        config = self._mode.config
+    def run(self, strategy: Any, mode: WorkerMode, job: env_lib.JobInfo,
+            fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
+            weigh_rows: bool) -> Any:
+        config = mode.config
         starts = []
         if (config is not None and config.staleness is not None
                 and not phase.is_evaluating()):
             # Start once at most `staleness` steps of updates are pending.
             inputs = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
             with tf.control_dependencies(inputs):
-                starts.append(smb_ops.server_wait(config.staleness * self._local,
+                starts.append(smb_ops.server_wait(config.staleness * self.local_replicas,
                                                   self._timeout_s))
         # Independent processes: the SSP clock, then the box's current values
         # into the one copy.
         with tf.control_dependencies(starts):
-            starts = starts + self._mode.start_step(args, kwargs)
+            starts = starts + mode.start_step(args, kwargs)
         if starts:
             inner = fn
 
             def fn(*a, **k):  # pylint: disable=function-redefined
                 with tf.control_dependencies(starts):
                     return inner(*a, **k)
-        if not self._mode.asynchronous:
-            fn = _counting_rows(fn)  # gradients weigh each replica's rows (step_rows.py)
-        return mirrored_run.call_for_each_replica(self._container_strategy(), fn,
-                                                  args, kwargs)
+        if weigh_rows:
+            fn = _counting_rows(fn)
+        return mirrored_run.call_for_each_replica(strategy, fn, args, kwargs)
 
-    def _update(self, var, fn, args, kwargs, group):
+    def apply_update(self, var: Any, fn: Callable[..., Any], args: Sequence[Any],
+                     kwargs: Dict[str, Any], group: bool, local_results: Callable) -> Any:
+        var = _unwrap(var)
+        with framework_ops.colocate_with(var), distribute_lib.UpdateContext(var.device):
+            result = fn(var, *_primary(args), **_primary(kwargs))
+            return result if group else nest.map_structure(local_results, result)
+
+    def update_each_replica(self, mode: WorkerMode, var: Any, fn: Callable[..., Any],
+                            args: Sequence[Any], kwargs: Dict[str, Any],
+                            apply_update: Callable[..., Any]) -> List[Any]:
+        """With update="sgd" each replica's gradient goes to the process's
+        parameter-server thread (into the box with 2+ processes); otherwise
+        each replica's own optimizer step is applied to the one copy in turn."""
+        config = mode.config
         base = _unwrap(var)
-        per_replica = any(isinstance(a, values_lib.PerReplica)
-                          for a in tf.nest.flatten((args, kwargs)))
-        config = self._mode.config
-        if config is None or not base.trainable:
-            return super()._update(var, fn, args, kwargs, group)
-        if not per_replica:  # one update for the process (e.g. weight decay)
-            return self._mode.update(base, args, lambda: super(
-                LocalReplicasExtended, self)._update(var, fn, args, kwargs, group), group)
-        # Asynchronous: every replica's own update, none combined.
-        engine = self._mode.engine
+        engine = mode.engine
         param = engine.segment_of(base) if engine is not None else None
-        done = []
-        for r in range(self._local):
+        done: List[Any] = []
+        for r in range(self.local_replicas):
             replica_args = distribute_utils.select_replica(r, args)
             replica_kwargs = distribute_utils.select_replica(r, kwargs)
             step = sgd_step(replica_args, config)
@@ -325,80 +255,31 @@ class LocalReplicasExtended(data_parallel.WorkerRoles,
                             momentum=config.momentum, consistent=config.consistent))
                 else:
                     def apply_locally(a=replica_args, k=replica_kwargs):
-                        return super(LocalReplicasExtended, self)._update(var, fn, a, k, True)
-                    result = (engine.update(base, replica_args, apply_locally, True)
-                              if param is not None else apply_locally())
+                        return apply_update(var, fn, a, k, True)
+                    result = mode.update(base, replica_args, apply_locally, True)
                     done.extend(o for o in tf.nest.flatten(result) if o is not None)
-        result = tf.group(*done)
-        return result if group else (result,)
+        return done
 
-    # -- reductions -----------------------------------------------------------
-    def _replica_parts(self, value: Any) -> List[tf.Tensor]:
-        """This process's parts of `value`: one per local replica for a
-        distributed value, else the value itself (one part for the process)."""
-        if isinstance(value, (values_lib.DistributedValues, tf.distribute.DistributedValues)):
-            parts = list(value._values)  # pylint: disable=protected-access
-        else:
-            parts = [value]
-        return [tf.convert_to_tensor(p) for p in parts]  # IndexedSlices densified
+    def sum_local(self, parts: Sequence[Sequence[tf.Tensor]]) -> List[tf.Tensor]:
+        """The partitioned reduction: part r of each sum is summed by one thread
+        from every replica's part r (`tf_smb.ops.replica_sum`); a value the
+        process holds once (one part) is its own sum."""
+        if all(len(p) == 1 for p in parts):
+            return [p[0] for p in parts]
+        return smb_ops.replica_sum(parts)
 
-    def _combine(self, reduce_op: tf.distribute.ReduceOp,
-                 values: Sequence[Any]) -> List[tf.Tensor]:
-        """Sums (or averages) over local replicas, then over processes."""
-        if not values:
-            return []
-        parts = [self._replica_parts(v) for v in values]
-        for p in parts:
-            data_parallel.check_reducible(p)
-        combines = self._mode.combines_processes(self._job)
-        with tf.device(self._variable_device):
-            local = smb_ops.replica_sum(parts)
-            if combines:
-                data_parallel.check_not_in_xla()
-                local = self._collectives.allreduce(local)
-            if reduce_op == tf.distribute.ReduceOp.MEAN:
-                processes = self._job.size if combines else 1
-                counts = [len(p) * processes for p in parts]
-                local = [s / tf.cast(n, s.dtype) if s.dtype.is_floating else s // n
-                         for s, n in zip(local, counts)]
-        return local
+    def finish(self, mode: WorkerMode) -> None:
+        """Asynchronous: returns once the parameter-server thread applied every
+        update handed to it."""
+        if mode.asynchronous:
+            smb_ops.server_wait(0, self._timeout_s)
 
-    def all_reduce(self, reduce_op: tf.distribute.ReduceOp,
-                   values: Sequence[Any]) -> List[tf.Tensor]:
-        """Sums (or averages) values over all replicas of all processes: in a
-        replica, through its replica context; outside, over the values'
-        local parts."""
-        context = tf.distribute.get_replica_context()
-        if context is not None and not isinstance(
-                context, distribute_lib._DefaultReplicaContext):  # pylint: disable=protected-access
-            return list(context.all_reduce(reduce_op, list(values)))
-        return self._combine(reduce_op, values)
 
-    def _mirrored(self, tensor: tf.Tensor) -> values_lib.Mirrored:
-        return values_lib.Mirrored(tuple([tensor] * self._local))
-
-    def _reduce_to(self, reduce_op, value, destinations, options):
-        del destinations, options
-        self._mode.check_combinable(self._job, "strategy.reduce (and extended.reduce_to)",
-                                    value)
-        flat = tf.nest.flatten(value)
-        return tf.nest.pack_sequence_as(value, self._combine(reduce_op, flat))
-
-    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-        del options
-        if self._mode.asynchronous:
-            # Asynchronous replicas keep their own gradients (ReplicaContext.all_reduce).
-            return [v for v, _ in value_destination_pairs]
-        summed = self._combine(reduce_op, [v for v, _ in value_destination_pairs])
-        return [self._mirrored(s) for s in summed]
-
-    def _gather_to_implementation(self, value, destinations, axis, options):
-        del destinations, options
-        self._mode.check_combinable(self._job, "strategy.gather")
-        parts = self._replica_parts(value)
-        with tf.device(self._variable_device):
-            local = parts[0] if len(parts) == 1 else tf.concat(parts, axis=axis)
-            if not self._mode.combines_processes(self._job):
-                return tf.identity(local)
-            return data_parallel.all_gather(self._collectives, local, axis,
-                                            self._job.rank, self._job.size)
+def _primary(structured: Any) -> Any:
+    """`structured` with every mirrored or per-replica value replaced by its
+    first replica's (an update of the one copy applies once)."""
+    def first(x: Any) -> Any:
+        if isinstance(x, (values_lib.Mirrored, values_lib.PerReplica)):
+            return x._primary  # pylint: disable=protected-access
+        return x
+    return nest.map_structure(first, structured)

@@ -23,6 +23,7 @@ from tf_smb import local_replicas as local_replicas_lib
 from tf_smb import ops as smb_ops
 from tf_smb.async_mode import AsyncEngine
 from tf_smb.options import StrategyOptions
+from tf_smb.replica_layout import OneReplica, ReplicaLayout
 from tf_smb.collectives import SMBCollectives
 # DataParallelStrategy and GradientClipping stay importable from here too.
 from tf_smb.data_parallel import (DataParallelExtended, DataParallelStrategy,
@@ -161,12 +162,11 @@ class SMBStrategy(DataParallelStrategy):
             engine = AsyncEngine(job, config, collectives) if job.size > 1 else None
             if engine is not None or local_replicas != 1:
                 worker_mode = Independent(config, engine)
+        layout: ReplicaLayout = OneReplica()
         if local_replicas != 1:
-            extended = local_replicas_lib.LocalReplicasExtended(
-                self, job, collectives, devices, mode=worker_mode,
-                timeout_s=timeout_s if timeout_s is not None else smb_ops.DEFAULT_TIMEOUT_S)
-        else:
-            extended = DataParallelExtended(self, job, collectives, mode=worker_mode)
+            layout = local_replicas_lib.ReplicaThreads(
+                devices, timeout_s if timeout_s is not None else smb_ops.DEFAULT_TIMEOUT_S)
+        extended = DataParallelExtended(self, job, collectives, layout=layout, mode=worker_mode)
         keras_support.install_strategy_hooks(job)
         self._setup(job, extended, gradient_clipping)
         if worker_mode.engine is not None:
@@ -181,7 +181,4 @@ class SMBStrategy(DataParallelStrategy):
         """Async mode: this worker is done; wait for the other live workers,
         then load the box's final values. `model.fit` calls it on return;
         call it yourself at the end of a custom training loop."""
-        if isinstance(self.extended, local_replicas_lib.LocalReplicasExtended):
-            self.extended.finish()  # the server thread's updates first, then the box
-        else:
-            self.extended.worker_mode.finish()
+        self.extended.finish()  # replica threads: the server thread's updates first

@@ -8,10 +8,10 @@ and asks, instead of checking flags.
     its own updates. With 2+ processes the trainable variables live in the box
     (an AsyncEngine) and the processes never wait for each other.
 
-The Extended classes are the other axis: one replica per process
-(data_parallel.DataParallelExtended) or replica threads sharing one parameter
-copy (local_replicas.LocalReplicasExtended). A mode answers what depends on
-sync or async only: whether processes combine, which data a process reads,
+The replica layout is the other axis (replica_layout.py: one replica per
+process, or replica threads sharing one parameter copy, local_replicas.py);
+the one Extended class (data_parallel.DataParallelExtended) asks both. A mode
+answers what depends on sync or async only: whether processes combine, which data a process reads,
 how a step starts and runs, where a variable lives and how it is updated.
 
 Depends on TensorFlow, env and phase only (the engine comes in built).
@@ -105,10 +105,6 @@ class WorkerMode:
         process reads a part of each (the dataset is rebatched and sharded)."""
         raise NotImplementedError
 
-    def splits_input(self, job: env_lib.JobInfo) -> bool:
-        """Whether this process now reads only its part of the data."""
-        return job.size > 1
-
     def training_batches(self, num_batches: int, job: env_lib.JobInfo,
                          dataset: Optional[tf.data.Dataset] = None) -> int:
         """How many of a dataset's `num_batches` global batches this process
@@ -183,11 +179,6 @@ class Independent(WorkerMode):
         if phase.is_evaluating() or not shards(dataset):
             return dataset
         return dataset.shard(job.size, job.rank)
-
-    def splits_input(self, job: env_lib.JobInfo) -> bool:
-        # Asynchronous processes evaluate and predict on all the data each
-        # (their metrics are their own); in training each takes its share.
-        return job.size > 1 and not phase.is_evaluating()
 
     def training_batches(self, num_batches: int, job: env_lib.JobInfo,
                          dataset: Optional[tf.data.Dataset] = None) -> int:

@@ -81,14 +81,17 @@ def scenario(strategy, name):
             ctx = tf.distribute.get_replica_context()
             return tf.cast(ctx.replica_id_in_sync_group + 1, tf.float32)[None]
         per_replica = strategy.run(value)
-        return {"reduce": error_of(lambda: float(strategy.reduce("SUM", per_replica, axis=None)[0])),
+        return {"in_sync": strategy.num_replicas_in_sync,
+                "reduce": error_of(lambda: float(strategy.reduce("SUM", per_replica, axis=None)[0])),
                 "gather": error_of(lambda: strategy.gather(per_replica, axis=0).numpy().tolist())}
-    if name == "shard_off":  # 10 batches whose options turn sharding off
+    if name in ("shard_off", "shard"):  # 10 batches; sharding turned off, or not
         x, y = data(n=80)
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = (
-            tf.data.experimental.AutoShardPolicy.OFF)
-        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).with_options(options)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+        if name == "shard_off":
+            options = tf.data.Options()
+            options.experimental_distribute.auto_shard_policy = (
+                tf.data.experimental.AutoShardPolicy.OFF)
+            ds = ds.with_options(options)
         model = build(strategy)
         model.fit(ds, epochs=1, verbose=0)
         return int(model.optimizer.iterations.numpy())
