@@ -209,7 +209,13 @@ class ReplicaThreads(ReplicaLayout):
         # into the one copy.
         with tf.control_dependencies(starts):
             starts = starts + mode.start_step(args, kwargs)
-        if starts:
+        if not tf.executing_eagerly() and isinstance(fn, def_function.Function):
+            # A tf.function step inside the caller's tf.function (Keras 3.3's
+            # one_step_on_data) is traced inline by each replica thread: wrapped
+            # below, it would be a nested tf.function per replica, whose merge_call
+            # (the gradients' sum, an async push) TensorFlow refuses.
+            fn = fn.python_function
+        if starts and not tf.executing_eagerly():  # (eagerly they already ran)
             inner = fn
 
             def fn(*a, **k):  # pylint: disable=function-redefined
