@@ -117,12 +117,24 @@ TIER_OF_FILE = {
     "test_tf_internals.py": FAST,
     "test_worker_mode.py": FAST,
     "test_env.py": FAST,
+    "test_elastic.py": FAST,
+    "test_elastic_horovod.py": FAST,
 }
 
 # Tests of fast files that run in --full only, each a conformance proof whose family
 # keeps a representative in the fast tier (named after the test, or after a
 # parametrized case: "file::test[param]").
 FULL_TESTS = (
+    # Horovod's elastic scenarios through tf_smb.run (fast: a single rank failing, by
+    # exception and by SIGKILL, with host discovery).
+    "test_elastic_horovod.py::test_hosts_added_and_removed",
+    "test_elastic_horovod.py::test_fault_tolerance_without_scaling",
+    "test_elastic_horovod.py::test_all_ranks_failure",
+    "test_elastic_horovod.py::test_all_hosts_blacklisted",
+    "test_elastic_horovod.py::test_min_hosts_timeout",
+    "test_elastic_horovod.py::test_reset_limit",
+    "test_elastic_horovod.py::"
+    "test_resurrecting_blacklisted_hosts_exponential_backoff",
     # Horovod's test_tensorflow.py whole (fast: one test per collective, the same file).
     "test_horovod_peer.py::test_horovods_tensorflow_tests_at_2_processes",
     # Horovod's three examples at 2 processes, all three across 2 nodes, keras_mnist on

@@ -83,14 +83,31 @@ def init(job: Optional[env_lib.JobInfo] = None, timeout_s: Optional[float] = Non
     Returns:
       The job this process joined.
     """
+    return _join(job or env_lib.detect(), _box_settings(timeout_s, staging_bytes, heap_bytes))
+
+
+def rejoin(job: env_lib.JobInfo, timeout_s: Optional[float] = None) -> env_lib.JobInfo:
+    """Leaves the job this process joined and joins `job` instead, in this
+    process (elastic training: the members changed, so each survivor, and each
+    process that comes, joins the next job, whose box its launcher made or its
+    rank 0 makes). Collectives of the old job fail from then on.
+
+    Returns:
+      The job this process joined.
+    """
+    return _join(job, _box_settings(timeout_s), leave_first=True)
+
+
+def _join(job: env_lib.JobInfo, settings: Dict[str, Any],
+          leave_first: bool = False) -> env_lib.JobInfo:
+    """Joins `job` (leaving the one joined before with `leave_first`); the job."""
     global _JOB
-    job = job or env_lib.detect()
-    settings = _box_settings(timeout_s, staging_bytes, heap_bytes)
+
     def join():
         return _library().smb_init(
             job_id=job.job_id, rank=job.rank, world=job.size,
             create=(job.rank == 0 and not job.box_created and job.size > 1),
-            across_nodes=job.spans_nodes, **settings)
+            across_nodes=job.spans_nodes, rejoin=leave_first, **settings)
 
     run_now(join)
     if _JOB is None and job.size > 1:

@@ -8,6 +8,10 @@ failing rank. Each worker runs on its own block of CPUs (``--bind-to core``, the
 default, as mpirun binds ranks to cores) unless there are more workers than CPUs.
 The processes are started and watched by tf_smb.supervisor; the
 defaults (timeout, staging, heap) are the C++ core's, from tf_smb._box.
+
+With Horovod's elastic options (``--min-np``, ``--max-np``,
+``--host-discovery-script``, ``-H``, ...) the job is elastic: workers may fail and
+hosts come and go while it runs (tf_smb/elastic/driver.py, docs/elastic.md).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ except ImportError as e:  # e.g. a source checkout whose extensions are not buil
         "it: `pip install .` in the tf_smb source checkout (or `bash tools/install.sh`), "
         "or `python setup.py build_ext --inplace` to build it in the checkout") from e
 from tf_smb import supervisor  # noqa: E402  (after the check above)
+from tf_smb.elastic import driver as elastic_driver  # noqa: E402
 
 _PREFIX = "tf_smb.run: "
 
@@ -67,6 +72,27 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--keep-going", action="store_true",
                         help="when a worker fails, let the others finish (for "
                              "SMBStrategy(mode='async')); exit non-zero at the end")
+    elastic = parser.add_argument_group(
+        "elastic training (Horovod's options; docs/elastic.md): workers may fail, hosts "
+        "come and go, and the job goes on with the members left")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, default=None,
+                         help="the fewest workers the job runs with (default: -np)")
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, default=None,
+                         help="the most workers the job grows to (default: every slot)")
+    elastic.add_argument("--host-discovery-script", default=None, metavar="SCRIPT",
+                         help="prints the available hosts, one `host:slots` per line "
+                              "(run every second)")
+    elastic.add_argument("-H", "--hosts", default=None, metavar="HOST:SLOTS,...",
+                         help="fixed hosts (this machine's names: localhost, 127.0.0.1, "
+                              "its hostname)")
+    elastic.add_argument("--reset-limit", type=int, default=None,
+                         help="fail the job after this many membership changes")
+    elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2, default=None,
+                         metavar=("LOW", "HIGH"),
+                         help="a failed host comes back after LOW..HIGH seconds (doubling "
+                              "with each failure); without it, never")
+    elastic.add_argument("--elastic-timeout", type=float, default=600.0,
+                         help="how long to wait for --min-np slots (default 600 s)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command each worker runs")
     args = parser.parse_args(argv)
@@ -82,6 +108,24 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         parser.error(f"--staging-bytes must be positive, got {args.staging_bytes}")
     if not args.command:
         parser.error("missing COMMAND to run")
+    args.elastic = any(v is not None for v in (args.min_np, args.max_np,
+                                                args.host_discovery_script, args.hosts))
+    if args.elastic:
+        args.min_np = args.np if args.min_np is None else args.min_np
+        # As horovodrun: the job takes every slot there is, up to --max-np if given.
+        args.max_np = sys.maxsize if args.max_np is None else args.max_np
+        if not 1 <= args.min_np <= args.np <= args.max_np:
+            parser.error(f"expected 1 <= --min-np <= -np <= --max-np, got {args.min_np}, "
+                         f"{args.np}, {args.max_np}")
+        if args.host_discovery_script and args.hosts:
+            parser.error("give --host-discovery-script or -H, not both")
+        if args.reset_limit is not None and args.reset_limit < 0:
+            parser.error(f"--reset-limit must be >= 0, got {args.reset_limit}")
+        cooldown = args.blacklist_cooldown_range
+        if cooldown is not None and not 0 < cooldown[0] <= cooldown[1]:
+            parser.error(f"--blacklist-cooldown-range needs 0 < LOW <= HIGH, got {cooldown}")
+        if args.timeline or args.keep_going:
+            parser.error("--timeline and --keep-going are not available in elastic jobs")
     return args
 
 
@@ -100,6 +144,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if args.elastic:
+            return elastic_driver.run(elastic_driver.Options(
+                command=args.command, np=args.np, min_np=args.min_np, max_np=args.max_np,
+                discovery_script=args.host_discovery_script, hosts=args.hosts,
+                reset_limit=args.reset_limit,
+                cooldown_range=(tuple(args.blacklist_cooldown_range)
+                                if args.blacklist_cooldown_range else None),
+                elastic_timeout=args.elastic_timeout, timeout_s=args.timeout,
+                staging_bytes=args.staging_bytes, heap_bytes=args.heap_bytes),
+                log=_log, interrupted=lambda: received[0] if received else None)
         try:
             box = _box.create_box(job_id, args.np, staging_bytes=args.staging_bytes,
                                   heap_bytes=args.heap_bytes)

@@ -225,6 +225,7 @@ class Workers:
     log: where the supervisor's own messages go (default: stderr).
     cpus: the CPUs each worker (and every thread it starts) may run on; None
       for a worker, or no list, leaves it this process's (see `split_cpus`).
+    labels: what worker i's lines start with in brackets (default: i).
     Raises StartError when a command cannot start.
     """
 
@@ -232,17 +233,20 @@ class Workers:
                  cwd: Optional[object] = None, names: Optional[Sequence[str]] = None,
                  grace_s: float = TERM_GRACE_S,
                  log: Optional[Callable[[str], None]] = None,
-                 cpus: Optional[Sequence[Optional[Set[int]]]] = None):
+                 cpus: Optional[Sequence[Optional[Set[int]]]] = None,
+                 labels: Optional[Sequence[str]] = None):
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
         self.names = list(names) if names else [f"rank {i}" for i in range(len(commands))]
+        self.labels = list(labels) if labels else [str(i) for i in range(len(commands))]
         self.grace_s = grace_s
         self._log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         self._procs: List[_Process] = []
         lock = threading.Lock()
         for i, (argv, env) in enumerate(commands):
             try:
-                self._procs.append(_Process(self.names[i], f"[{i}]: ".encode(), argv, env,
+                self._procs.append(_Process(self.names[i], f"[{self.labels[i]}]: ".encode(),
+                                            argv, env,
                                             None if cwd is None else str(cwd), output, lock,
                                             cpus[i] if cpus else None))
             except OSError as e:
@@ -265,6 +269,10 @@ class Workers:
     def pids(self) -> List[int]:
         return [p.popen.pid for p in self._procs]
 
+    def returncode(self, i: int) -> Optional[int]:
+        """Worker i's exit status (negative: the signal that ended it), None while it runs."""
+        return self._procs[i].popen.poll()
+
     def output(self, i: int) -> str:
         """Worker i's stdout (with stderr unless output="split"); empty with "prefix"."""
         return self._procs[i].text("stdout")
@@ -279,7 +287,7 @@ class Workers:
         lines = [f"{prefix}{p.name} {describe(p.popen.returncode)}"]
         if p.tail:
             lines.append(f"{prefix}last output of {p.name}:")
-            lines.extend(f"  [{i}]: {line}" for line in p.tail)
+            lines.extend(f"  [{self.labels[i]}]: {line}" for line in p.tail)
         return "\n".join(lines)
 
     def wait(self, timeout_s: Optional[float] = None, stop_on_failure: bool = True,

@@ -101,8 +101,10 @@ class SmbContext {
     return context;
   }
 
-  absl::Status Init(const smb::Communicator::Options& options, int process_set = 0) {
+  absl::Status Init(const smb::Communicator::Options& options, int process_set = 0,
+                    bool rejoin = false) {
     if (process_set != 0) return OpenProcessSet(options, process_set);
+    if (rejoin) Leave();
     std::lock_guard<std::mutex> lock(mu_);
     if (comm_ != nullptr) {
       if (comm_->rank() == options.rank && comm_->world() == options.world &&
@@ -133,6 +135,29 @@ class SmbContext {
                                         },
                                         TimelineOverTheLink(comm_));
     return absl::OkStatus();
+  }
+
+  // Leaves the job this process joined, and its process sets, so that it can
+  // join another (elastic training: the job's membership changed). Collectives
+  // submitted afterwards fail until it joins again; a thread still waiting on
+  // the old job keeps its Communicator until it returns. The box goes when its
+  // last member leaves (or its launcher removes it).
+  void Leave() {
+    std::shared_ptr<smb::Communicator> comm;
+    std::unique_ptr<smb::CollectiveScheduler> scheduler;
+    std::map<int, ProcessSet> sets;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      comm = std::move(comm_);
+      scheduler = std::move(scheduler_);
+      sets = std::move(process_sets_);
+      comm_ = nullptr;
+      process_sets_.clear();
+      job_id_.clear();
+    }
+    // The schedulers stop here, unlocked (a stopping one may still call done()).
+    sets.clear();
+    scheduler.reset();
   }
 
   // Runs the collective `run` once every rank submitted `key` and it is its
@@ -358,6 +383,7 @@ class SmbInitOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("create", &options_.create));
     OP_REQUIRES_OK(c, c->GetAttr("across_nodes", &options_.across_nodes));
     OP_REQUIRES_OK(c, c->GetAttr("process_set", &process_set_));
+    OP_REQUIRES_OK(c, c->GetAttr("rejoin", &rejoin_));
     std::vector<int32_t> members;
     OP_REQUIRES_OK(c, c->GetAttr("members", &members));
     options_.members.assign(members.begin(), members.end());
@@ -373,12 +399,13 @@ class SmbInitOp : public OpKernel {
     options_.heap_bytes = static_cast<size_t>(heap);
   }
   void Compute(OpKernelContext* c) override {
-    OP_REQUIRES_OK(c, SmbContext::Get().Init(options_, process_set_));
+    OP_REQUIRES_OK(c, SmbContext::Get().Init(options_, process_set_, rejoin_));
   }
 
  private:
   smb::Communicator::Options options_;
   int process_set_ = 0;
+  bool rejoin_ = false;
 };
 
 class SmbCloseProcessSetOp : public OpKernel {

@@ -105,6 +105,7 @@ REGISTER_OP("SmbInit")
     .Attr("across_nodes: bool")
     .Attr("process_set: int = 0")
     .Attr("members: list(int) = []")
+    .Attr("rejoin: bool = false")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(
@@ -116,6 +117,8 @@ rank 0 creates its box, and the boxes are joined over MPI.
 processes, with a box of its own named by `job_id` (one per node), which the
 collectives with that `process_set` use. A set spanning nodes gives
 `across_nodes` and its `members` (job ranks; `rank` is the index among them).
+`rejoin` first leaves the job (and process sets) this process joined, so that
+it joins another: elastic training, after the membership changed.
 The Python wrapper passes every attribute (defaults: cc/smb/defaults.h).
 )doc");
 

@@ -8,8 +8,7 @@ A Horovod script moves by changing its import line:
 
 and runs under `python -m tf_smb.run -np N`, `mpirun` or `horovodrun`. Nothing
 of Horovod is needed. What differs from Horovod 0.28.1 is listed in the README
-("Horovod's API"): process sets within a node, no Adasum, no
-`hvd.elastic` (use Keras' BackupAndRestore).
+("Horovod's API"): no Adasum; `hvd.elastic` on one node only (docs/elastic.md).
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import tensorflow as tf
 from tf_smb import env as env_lib
 from tf_smb import ops as smb_ops
 from tf_smb import timeline as timeline_lib
+from tf_smb.elastic import protocol as elastic_protocol
 
 # HOROVOD_* variables that change nothing here (tuning of Horovod's own engine);
 # any other HOROVOD_* setting that asks for behaviour is refused at init.
@@ -47,6 +48,7 @@ class _State:
     process_sets: Dict[int, "ProcessSet"] = {}  # the added sets by id (not the global one)
     next_set_id = 1
     nodes: Optional[List[int]] = None  # each rank's node, across nodes (asked once)
+    world: Optional[tf.Variable] = None  # elastic jobs: the size, read by graphs at run time
 
 
 def check_horovod_variables(env: Mapping[str, str]) -> None:
@@ -153,6 +155,10 @@ def init(comm: Optional[Sequence[int]] = None,
             timeline_lib.enable(env["HOROVOD_TIMELINE"])
         job = smb_ops.init()
         _State.job = job
+        if env.get(elastic_protocol.DIR_VAR):  # made here, eagerly: graphs only read it
+            with tf.init_scope():
+                _State.world = tf.Variable(job.size, trainable=False, dtype=tf.int32,
+                                           name="tf_smb_elastic_world")
         where = env_lib.placement(job, env)
         _State.local_rank, _State.local_size = where.local_rank, where.local_size
         _State.cross_rank, _State.cross_size = where.cross_rank, where.cross_size
@@ -166,6 +172,36 @@ def init(comm: Optional[Sequence[int]] = None,
         return
     for process_set in process_sets or ():
         add_process_set(process_set)
+
+
+def elastic_world() -> Optional[tf.Variable]:
+    """In an elastic job (started by tf_smb.run --min-np/--max-np/...): a variable
+    holding the job's current size, which graphs read when they run, so that a
+    tf.function traced before the members changed averages over those after;
+    None in other jobs (the size is fixed: graphs take it as a constant)."""
+    return _State.world
+
+
+def size_may_change() -> bool:
+    """Whether the job's size may change while graphs built now still run (an
+    elastic job): then no collective may be left out of a graph because the job
+    has one rank now."""
+    return _State.world is not None
+
+
+def rejoined(job: env_lib.JobInfo) -> None:
+    """Horovod's state once this process joined `job`, the next generation of an
+    elastic job (tf_smb.horovod.elastic): size, ranks and placement are the new
+    job's; the process sets added before are gone with the old job."""
+    _State.job = job
+    where = env_lib.placement(job, {})
+    _State.local_rank, _State.local_size = where.local_rank, where.local_size
+    _State.cross_rank, _State.cross_size = where.cross_rank, where.cross_size
+    for process_set in _State.process_sets.values():
+        process_set.process_set_id = None
+    _State.process_sets = {}
+    if _State.world is not None:
+        _State.world.assign(job.size)
 
 
 def shutdown() -> None:

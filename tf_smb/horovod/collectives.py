@@ -185,18 +185,29 @@ def _restore(t: tf.Tensor, dtype: Optional[tf.DType]) -> tf.Tensor:
     return t if dtype is None else tf.cast(t, dtype)
 
 
-def _scale(t: tf.Tensor, factor: float = 1.0, divisor: int = 1) -> tf.Tensor:
+def _average_divisor() -> Any:
+    """What an average divides by: the size of the set being built in; in an
+    elastic job's whole-job collectives, its size when the graph runs."""
+    world = basics.elastic_world() if scope().set_id == 0 else None
+    return world if world is not None else _world()
+
+
+def _scale(t: tf.Tensor, factor: float = 1.0, divisor: Any = 1) -> tf.Tensor:
     """t * factor / divisor as Horovod scales on CPU: integers in float64, float16
     in float32, other floats in their own dtype. Dividing (not multiplying by
-    1/divisor) keeps an average of equal values exact."""
-    if factor == 1.0 and divisor == 1:
+    1/divisor) keeps an average of equal values exact. `divisor`: an int, or a
+    variable read when the graph runs (basics.elastic_world)."""
+    at_run_time = isinstance(divisor, tf.Variable)
+    if factor == 1.0 and not at_run_time and divisor == 1:
         return t
     wide = (tf.float64 if t.dtype.is_integer else
             tf.float32 if t.dtype in (tf.float16, tf.bfloat16) else t.dtype)
     x = tf.cast(t, wide)
     if factor != 1.0:
         x = x * tf.constant(factor, wide)  # not tf.cast(factor): that rounds via float32
-    if divisor != 1:
+    if at_run_time:
+        x = x / tf.cast(divisor, wide)
+    elif divisor != 1:
         x = x / tf.constant(divisor, wide)
     return tf.cast(x, t.dtype)
 
@@ -262,7 +273,7 @@ def grouped_allgather(tensors: Sequence[Any]) -> List[tf.Tensor]:
 
 
 def _average_sum(tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-    return [_scale(s, divisor=_world()) for s in _allreduce(list(tensors))]
+    return [_scale(s, divisor=_average_divisor()) for s in _allreduce(list(tensors))]
 
 
 def _reduce_by_gather(tensors: Sequence[tf.Tensor], op: int, agreed: str) -> List[tf.Tensor]:
@@ -301,7 +312,7 @@ def grouped_allreduce_dense(tensors: Sequence[tf.Tensor], op: int, prescale: Any
     if op in (Min, Max, Product):
         return [_scale(r, postscale) for r in
                 _reduce_by_gather([_scale(t, prescale) for t in tensors], op, agreed)]
-    divisor = _world() if op == Average else 1
+    divisor = _average_divisor() if op == Average else 1
     sums = _allreduce([_scale(t, prescale) for t in tensors], agreed)
     return [_scale(s, postscale, divisor) for s in sums]
 

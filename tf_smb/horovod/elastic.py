@@ -1,27 +1,153 @@
-"""Horovod's elastic state objects, without the elastic driver.
+"""Horovod's elastic API (`hvd.elastic`) on tf_smb's elastic jobs (docs/elastic.md).
 
-`TensorFlowState` (and its `sync`, `commit`, `restore`, `save`) works as in
-Horovod: a snapshot of variables and attributes, synchronised from rank 0.
-What tf_smb does not provide is elastic *training* (`hvd.elastic.run`,
-hosts joining or leaving a running job): a tf_smb job is fail-stop, so it is
-restarted and resumes from a checkpoint — `keras.callbacks.BackupAndRestore`
-for `fit`, tf.train.CheckpointManager in a custom loop. Using `run` (or any
-other elastic name) raises NotImplementedError saying so.
+    @hvd.elastic.run
+    def train(state):
+        ...                      # collectives; state.commit() every few batches
+
+    state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, batch=0)
+    state.register_reset_callbacks([on_reset])
+    train(state)
+
+`run` syncs the state from rank 0 and calls the function; when a member of the
+job is lost (a collective fails: HorovodInternalError) the state goes back to
+its last commit; when the launcher reports a host update at a commit
+(HostsUpdatedInterrupt) it is kept. Either way this process then joins the
+next generation of the job (tf_smb.elastic.worker: its ranks and size change,
+the process stays), the reset callbacks run, and the function runs again. A
+worker the launcher leaves out of the next generation ends (exit status 0).
+
+Outside an elastic job (no `tf_smb.run --min-np/--max-np/...`), `run` calls the
+function once, and a lost member fails the job as it would without `run`.
+
+Commits are kept in this process's memory (copies of the variables), not on
+disk: every worker of a synchronous job holds the same commit.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+import functools
+import queue
+import sys
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-_MESSAGE = ("tf_smb.horovod has no elastic training (hvd.elastic.{name}): a tf_smb job is "
-            "fail-stop. Restart the job and resume with keras.callbacks.BackupAndRestore "
-            "(or tf.train.CheckpointManager in a custom loop)")
+from tf_smb.elastic.worker import ElasticWorker, WorkerRemoved
+
+# HostUpdateResult's values in Horovod (bit flags).
+NO_UPDATE, REMOVED, ADDED, MIXED = 0, 1, 2, 3
+# How long a worker waits for the launcher's next generation.
+RESET_TIMEOUT_S = 600.0
 
 
-class TensorFlowState:
-    """Variables and plain attributes (e.g. epoch, batch) that can be saved,
-    restored and synchronised from rank 0 (eager execution)."""
+class HorovodInternalError(RuntimeError):
+    """A collective failed because a member of the job was lost: the state goes
+    back to its last commit and the job goes on with the members left."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The launcher reported hosts added or removed: the job goes on with the new
+    members from the current state (`skip_sync`: only removals, nothing to send)."""
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("hosts were updated" + (" (removed)" if skip_sync else ""))
+        self.skip_sync = skip_sync
+
+
+class State:
+    """What a job keeps across membership changes: Horovod's `State`.
+
+    Args:
+      bcast_object: sends a picklable object from rank 0 to every rank.
+      get_rank: this worker's rank.
+    """
+
+    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int]) -> None:
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._host_messages: "queue.Queue[Tuple[int, int]]" = queue.Queue()
+        self._last_updated_timestamp = 0
+        self._reset_callbacks: List[Callable[[], None]] = []
+
+    def register_reset_callbacks(self, callbacks: Sequence[Callable[[], None]]) -> None:
+        """Adds functions to call after each membership change (e.g. to scale
+        the learning rate with the new size)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Runs the reset callbacks (after this process joined the next generation)."""
+        self._host_messages = queue.Queue()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp: int, update_res: int) -> None:
+        """Records a host update the launcher reported (its serial, and what changed)."""
+        self._host_messages.put((timestamp, update_res))
+
+    def commit(self) -> None:
+        """Saves the state in memory, then raises HostsUpdatedInterrupt on every
+        rank at once if the launcher reported a host update."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raises HostsUpdatedInterrupt (on every rank: rank 0's view is sent to
+        all) when a host update came since the last check."""
+        last = previous = self._last_updated_timestamp
+        update = NO_UPDATE
+        while not self._host_messages.empty():
+            timestamp, result = self._host_messages.get()
+            if timestamp > last:
+                last = timestamp
+                update |= result
+        previous, self._last_updated_timestamp, update = self._bcast_object(
+            (previous, last, update))
+        if self._last_updated_timestamp > previous:
+            raise HostsUpdatedInterrupt(update == REMOVED)
+
+    def save(self) -> None:
+        """Keeps the current state as the last commit."""
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Puts back the last commit."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Makes every rank's state rank 0's."""
+        raise NotImplementedError
+
+
+class ObjectState(State):
+    """Plain attributes (keyword arguments) kept, restored and synced: Horovod's
+    `ObjectState`."""
+
+    def __init__(self, bcast_object: Optional[Callable[[Any], Any]] = None,
+                 get_rank: Optional[Callable[[], int]] = None, **kwargs: Any) -> None:
+        from tf_smb import horovod as hvd  # pylint: disable=import-outside-toplevel
+        bcast_object = bcast_object or (lambda obj: hvd.broadcast_object(obj, root_rank=0))
+        self._saved_state: Dict[str, Any] = kwargs
+        self._set_attrs()
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank or hvd.rank)
+
+    def save(self) -> None:
+        self._saved_state = {name: getattr(self, name) for name in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, value)
+
+
+class TensorFlowState(ObjectState):
+    """TensorFlow variables and attributes (e.g. epoch, batch): Horovod's
+    `TensorFlowState` (eager execution)."""
 
     def __init__(self, variables: Optional[Sequence[tf.Variable]] = None,
                  session: Any = None, **kwargs: Any) -> None:
@@ -30,50 +156,119 @@ class TensorFlowState:
                                       "execution")
         del session
         self.variables: List[tf.Variable] = list(variables or [])
-        self._attributes = list(kwargs)
-        for name, value in kwargs.items():
-            setattr(self, name, value)
-        self._saved_values: List[Any] = []
-        self._saved_attributes: Dict[str, Any] = {}
-        self.save()
+        self._committed: List[Tuple[tf.Variable, Any]] = []
+        self._save_variables()
+        super().__init__(**kwargs)
+
+    def _kept_variables(self) -> List[tf.Variable]:
+        """The variables kept (their list may grow, e.g. an optimizer's first step)."""
+        return self.variables
 
     def save(self) -> None:
-        """Snapshots the variables and attributes."""
-        self._saved_values = [v.numpy() for v in self.variables]
-        self._saved_attributes = {name: getattr(self, name) for name in self._attributes}
+        self._save_variables()
+        super().save()
 
     def restore(self) -> None:
-        """Puts back the last snapshot."""
-        for v, value in zip(self.variables, self._saved_values):
-            v.assign(value)
-        for name, value in self._saved_attributes.items():
-            setattr(self, name, value)
-
-    def commit(self) -> None:
-        """Snapshots the state (Horovod also checks for host changes: there are none)."""
-        self.save()
-
-    def check_host_updates(self) -> None:
-        """Hosts never change in a tf_smb job: nothing to check."""
+        for variable, value in self._committed:
+            variable.assign(value)
+        super().restore()
 
     def sync(self) -> None:
-        """Makes every rank's variables and attributes rank 0's, then snapshots."""
-        import tf_smb.horovod as hvd  # pylint: disable=import-outside-toplevel
-        if self.variables:
-            hvd.broadcast_variables(self.variables, root_rank=0)
-        values = hvd.broadcast_object(
-            {name: getattr(self, name) for name in self._attributes}, root_rank=0)
-        for name, value in values.items():
-            setattr(self, name, value)
-        self.save()
+        from tf_smb import horovod as hvd  # pylint: disable=import-outside-toplevel
+        tracked = self._kept_variables()
+        if tracked:
+            hvd.broadcast_variables(tracked, root_rank=0)
+        self._save_variables()
+        super().sync()
+
+    def _save_variables(self) -> None:
+        # Copies in host memory: the commit survives whatever the step does next.
+        self._committed = [(v, v.numpy()) for v in self._kept_variables()]
 
 
-def run(func: Any) -> Any:
-    """Not available: raises NotImplementedError (see the module's docstring)."""
-    raise NotImplementedError(_MESSAGE.format(name="run"))
+class TensorFlowKerasState(TensorFlowState):
+    """A Keras model, its optimizer and attributes: Horovod's `TensorFlowKerasState`.
+
+    The optimizer's variables are tracked once it has built them (its first step).
+    """
+
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None,
+                 **kwargs: Any) -> None:
+        del backend
+        if not getattr(model, "built", True):
+            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        super().__init__(None, **kwargs)
+
+    def _kept_variables(self) -> List[tf.Variable]:
+        tracked = list(self.model.variables)
+        if self.optimizer is not None and getattr(self.optimizer, "built", True):
+            optimizer_variables = self.optimizer.variables
+            tracked += list(optimizer_variables() if callable(optimizer_variables)
+                            else optimizer_variables)
+        return tracked
 
 
-def __getattr__(name: str) -> Any:
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise NotImplementedError(_MESSAGE.format(name=name))
+_WORKER: List[Optional[ElasticWorker]] = []  # this process's, once asked
+
+
+def _worker() -> Optional[ElasticWorker]:
+    """This process's side of its elastic job, or None outside one."""
+    if not _WORKER:
+        _WORKER.append(ElasticWorker.from_env())
+    return _WORKER[0]
+
+
+def _lost_member(error: tf.errors.OpError) -> bool:
+    """Whether `error` is a collective failing because a member left or died
+    (tf_smb's core reports those as Aborted, naming the rank)."""
+    return isinstance(error, tf.errors.AbortedError)
+
+
+def _reset(worker: ElasticWorker) -> None:
+    """Joins the next generation of the job, in this process."""
+    from tf_smb.horovod import basics  # pylint: disable=import-outside-toplevel
+    job = worker.rejoin(RESET_TIMEOUT_S)
+    basics.rejoined(job)
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Runs `func(state, ...)` through the job's membership changes (see the module)."""
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        worker = _worker()
+        if worker is None:  # not an elastic job: nothing will change
+            state.sync()
+            return func(state, *args, **kwargs)
+        worker.mark_joined()
+        worker.listen(id(state), lambda update: state.on_hosts_updated(
+            update.serial, (REMOVED if update.removed else 0) | (ADDED if update.added else 0)))
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError:
+                state.restore()
+                skip_sync = False
+            except tf.errors.OpError as e:
+                if not _lost_member(e):
+                    raise
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as e:
+                skip_sync = e.skip_sync
+            try:
+                _reset(worker)
+            except WorkerRemoved:
+                sys.exit(0)
+            state.on_reset()
+
+    return wrapper
+
+
+__all__ = ["run", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasState",
+           "HorovodInternalError", "HostsUpdatedInterrupt"]

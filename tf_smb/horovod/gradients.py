@@ -34,7 +34,7 @@ class GradientReducer:
     def reduce(self, grads: Sequence[Any]) -> List[Any]:
         """Every gradient reduced over ranks, in one collective (None stays None)."""
         grads = list(grads)
-        if self.process_set.size() == 1:
+        if self.process_set.size() == 1 and not basics.size_may_change():
             return grads
         present = [i for i, g in enumerate(grads) if g is not None]
         values = []

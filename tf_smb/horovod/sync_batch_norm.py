@@ -21,7 +21,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     def _moments(self, inputs: Any, mask: Any) -> Any:
         if mask is not None:
             raise NotImplementedError("SyncBatchNormalization does not support masks")
-        if basics.size() == 1:
+        if basics.size() == 1 and not basics.size_may_change():
             return super()._moments(inputs, mask)
         x = tf.cast(inputs, tf.float32)
         axes = registry.read(self, registry.BATCH_NORM_AXES)

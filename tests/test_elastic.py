@@ -1,0 +1,84 @@
+"""Elastic training's core: a process leaves the job it joined and joins
+another, in the same process (tf_smb.ops.rejoin), when the job's members change:
+survivors go on smaller, a new process joins them, and the collectives a
+tf.function traced before keep working in the new job."""
+import os
+
+import pytest
+
+from harness import WORKERS, run_ranks
+
+REJOIN = os.path.join(WORKERS, "rejoin_worker.py")
+
+
+def test_survivors_rejoin_a_smaller_job_then_a_new_process_joins_them():
+    # Ranks 0-2 sum (1+2+3); rank 2 leaves; 0 and 1 fail their next collective,
+    # rejoin as a 2-worker job (1+2), then with a new process (rank 3 of the
+    # launch, ROLE=joiner) as a 3-worker job (1+2+3).
+    per_rank = [{"TF_SMB_SIZE": "3"}] * 3 + [{"ROLE": "joiner"}]
+    results = [r.check().json() for r in run_ranks([REJOIN], 4, timeout=300,
+                                                   per_rank_env=per_rank)]
+    by_start = {r["start_rank"]: r for r in results}
+    for rank in (0, 1):
+        r = by_start[rank]
+        assert r["g0"] == 6.0 and r["g1"] == 3.0 and r["g2"] == 6.0, (rank, r)
+        assert "left the job" in r["after_leave"], (rank, r["after_leave"])
+        assert (r["rank"], r["size"]) == (rank, 3), r
+    assert by_start[2] == {"start_rank": 2, "g0": 6.0}
+    assert by_start[3]["g2"] == 6.0 and by_start[3]["rank"] == 2, by_start[3]
+
+
+def test_hosts_parse_as_discovery_scripts_print_them():
+    from tf_smb.elastic import driver
+    assert driver.parse_hosts(["localhost:2", "127.0.0.1:2", ""]) == {
+        "localhost": 2, "127.0.0.1": 2}
+    assert driver.parse_hosts(["a:1,b", "a:2"]) == {"a": 3, "b": 1}
+    for bad in ("a:0", ":2", "a:x"):
+        with pytest.raises(ValueError, match="expected host:slots"):
+            driver.parse_hosts([bad])
+    assert driver.is_this_machine("localhost") and driver.is_this_machine("127.0.0.1")
+    assert not driver.is_this_machine("node-that-is-not-here.example")
+
+
+def test_a_blacklisted_host_comes_back_after_a_cooldown_that_doubles():
+    from tf_smb.elastic import driver
+    now = [0.0]
+    forever = driver.Blacklist(None, clock=lambda: now[0])
+    forever.add("a")
+    now[0] = 1e9
+    assert not forever.allows("a") and forever.allows("b")
+    cooled = driver.Blacklist((1.0, 10.0), clock=lambda: now[0])
+    now[0] = 0.0
+    cooled.add("a")
+    now[0] = 0.9
+    assert not cooled.allows("a")
+    now[0] = 1.3  # 1 s, drawn up to 1.25x
+    assert cooled.allows("a")
+    cooled.add("a")  # second failure: 2 s
+    now[0] = 1.3 + 1.9
+    assert not cooled.allows("a")
+    now[0] = 1.3 + 2.6
+    assert cooled.allows("a")
+
+
+def test_generations_and_host_updates_round_trip_in_a_private_directory(tmp_path):
+    from tf_smb.elastic import protocol
+    from tf_smb.elastic.worker import ElasticWorker, WorkerRemoved
+    directory = protocol.make_private_dir(str(tmp_path / "elastic"))
+    assert os.stat(directory).st_mode & 0o777 == 0o700
+    protocol.write_generation(directory, protocol.Generation(1, "job-g1", [5, 3]))
+    assert os.stat(os.path.join(directory, protocol.GENERATION_FILE)).st_mode & 0o777 == 0o600
+    worker = ElasticWorker(directory, worker_id=3, generation=0)
+    generation = worker.next_generation(timeout_s=1)
+    job = worker.job_in(generation)
+    assert (job.rank, job.size, job.job_id, job.box_created) == (1, 2, "job-g1", True)
+    with pytest.raises(WorkerRemoved):
+        ElasticWorker(directory, worker_id=4, generation=0).next_generation(timeout_s=1)
+    with pytest.raises(TimeoutError, match="no generation after 1"):
+        ElasticWorker(directory, worker_id=3, generation=1).next_generation(timeout_s=0.2)
+    protocol.write_host_update(directory, protocol.HostUpdate(2, added=True, removed=False))
+    assert worker.latest_host_update() == protocol.HostUpdate(2, True, False)
+    protocol.mark_joined(directory, 1, 3)
+    protocol.mark_joined(directory, 1, 5)
+    protocol.mark_joined(directory, 2, 3)
+    assert protocol.joined(directory, 1) == {3, 5}

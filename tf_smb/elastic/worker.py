@@ -1,0 +1,126 @@
+"""A worker's side of an elastic job (tf_smb/elastic/protocol.py): which
+generation it is in, joining the next one in this same process, and hearing of
+host updates as they come.
+
+    worker = ElasticWorker.from_env()        # None outside an elastic job
+    job = worker.rejoin(timeout_s=600)       # after the members changed
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable, Dict, Mapping, Optional
+
+from tf_smb import env as env_lib
+from tf_smb.elastic import protocol
+
+POLL_S = 0.05   # how often a waiting worker reads generation.json
+LISTEN_S = 0.1  # how often the listener reads hosts.json
+
+
+class WorkerRemoved(Exception):
+    """The launcher left this worker out of the next generation (its host was
+    removed or blacklisted): it has nothing more to do."""
+
+
+class ElasticWorker:
+    """This process in an elastic job: its worker id and current generation."""
+
+    def __init__(self, directory: str, worker_id: int, generation: int) -> None:
+        self.directory = directory
+        self.worker_id = worker_id
+        self.generation = generation
+        self._listeners: Dict[int, Callable[[protocol.HostUpdate], None]] = {}
+        self._listener_thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        # Host updates until now made the generation this worker starts in.
+        update = self.latest_host_update()
+        self._seen_serial = update.serial if update is not None else 0
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Optional["ElasticWorker"]:
+        """The worker the launcher's variables describe, or None outside an elastic job."""
+        env = os.environ if env is None else env
+        directory = env.get(protocol.DIR_VAR)
+        if not directory:
+            return None
+        try:
+            return cls(directory, int(env[protocol.WORKER_ID_VAR]),
+                       int(env.get(protocol.GENERATION_VAR, "0")))
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{protocol.DIR_VAR} is set, but {protocol.WORKER_ID_VAR} and "
+                             f"{protocol.GENERATION_VAR} are not integers: {e}") from e
+
+    def next_generation(self, timeout_s: float) -> protocol.Generation:
+        """Waits for a generation after this worker's.
+
+        Raises:
+          WorkerRemoved: the next generation does not include this worker.
+          TimeoutError: none came within `timeout_s`.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            generation = protocol.read_generation(self.directory)
+            if generation is not None and generation.number > self.generation:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"worker {self.worker_id}: the launcher published no generation after "
+                    f"{self.generation} within {timeout_s:g} s")
+            time.sleep(POLL_S)
+        if generation.rank_of(self.worker_id) is None:
+            raise WorkerRemoved(f"worker {self.worker_id} is not in generation "
+                                f"{generation.number}")
+        return generation
+
+    def job_in(self, generation: protocol.Generation) -> env_lib.JobInfo:
+        """This worker's place in `generation` (whose box the launcher made)."""
+        rank = generation.rank_of(self.worker_id)
+        if rank is None:
+            raise WorkerRemoved(f"worker {self.worker_id} is not in generation "
+                                f"{generation.number}")
+        return env_lib.JobInfo(rank=rank, size=len(generation.members),
+                               job_id=generation.job_id, box_created=True,
+                               launcher="tf_smb")
+
+    def rejoin(self, timeout_s: float) -> env_lib.JobInfo:
+        """Joins the next generation in this process (`next_generation`, then
+        `tf_smb.ops.rejoin`) and returns the job joined."""
+        from tf_smb import ops  # pylint: disable=import-outside-toplevel
+        generation = self.next_generation(timeout_s)
+        job = self.job_in(generation)
+        ops.rejoin(job)
+        self.generation = generation.number
+        self.mark_joined()
+        return job
+
+    def mark_joined(self) -> None:
+        """Tells the launcher this worker is in its current generation."""
+        protocol.mark_joined(self.directory, self.generation, self.worker_id)
+
+    def latest_host_update(self) -> Optional[protocol.HostUpdate]:
+        """The launcher's latest host update (None: the hosts never changed)."""
+        return protocol.read_host_update(self.directory)
+
+    def listen(self, key: int, callback: Callable[[protocol.HostUpdate], None]) -> None:
+        """Calls `callback` (on a thread of its own) with each host update after
+        those that made this worker's first generation; one callback per `key`."""
+        with self._lock:
+            self._listeners[key] = callback
+            if self._listener_thread is None:
+                self._listener_thread = threading.Thread(
+                    target=self._listen, name="tf_smb-elastic-hosts", daemon=True)
+                self._listener_thread.start()
+
+    def _listen(self) -> None:
+        seen = self._seen_serial
+        while True:
+            update = self.latest_host_update()
+            if update is not None and update.serial > seen:
+                seen = update.serial
+                with self._lock:
+                    listeners = list(self._listeners.values())
+                for callback in listeners:
+                    callback(update)
+            time.sleep(LISTEN_S)
