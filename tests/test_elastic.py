@@ -24,6 +24,7 @@ def test_survivors_rejoin_a_smaller_job_then_a_new_process_joins_them():
         assert r["g0"] == 6.0 and r["g1"] == 3.0 and r["g2"] == 6.0, (rank, r)
         assert "left the job" in r["after_leave"], (rank, r["after_leave"])
         assert (r["rank"], r["size"]) == (rank, 3), r
+    assert "left the job for its next generation" in by_start[1]["after_rejoin"], by_start[1]
     assert by_start[2] == {"start_rank": 2, "g0": 6.0}
     assert by_start[3]["g2"] == 6.0 and by_start[3]["rank"] == 2, by_start[3]
 

@@ -79,7 +79,8 @@ class SMBElasticTests(elastic_common.BaseElasticTests, unittest.TestCase):
                     argv += ["--reset-limit", str(reset_limit)]
                 if cooldown_range is not None:
                     argv += ["--blacklist-cooldown-range", *map(str, cooldown_range)]
-                argv += [sys.executable, WORKER, self._training_script, "--logfile", logfile]
+                # Workers start from the tests' preload server (TensorFlow imported once).
+                argv += [*harness.python(), WORKER, self._training_script, "--logfile", logfile]
                 if discovery_schedule:
                     argv += ["--discovery-schedule", json.dumps(discovery_schedule)]
                 if epoch_wait:

@@ -158,6 +158,8 @@ class SmbContext {
     // The schedulers stop here, unlocked (a stopping one may still call done()).
     sets.clear();
     scheduler.reset();
+    // A rank still waiting for this one in the old job fails at once, saying why.
+    if (comm != nullptr) comm->Leave(smb::kLeftRejoined);
   }
 
   // Runs the collective `run` once every rank submitted `key` and it is its

@@ -103,7 +103,7 @@ class Communicator {
   double timeout_s() const { return group_.timeout_s(); }
   Box* box() const { return group_.peers() ? group_.peers()->box() : nullptr; }
   void set_timeout(double seconds) { group_.set_timeout(seconds); }
-  // This rank's program is ending (Peers::Leave: kLeftFinished or kLeftRaised).
+  // This rank leaves the job (Peers::Leave: kLeftFinished, kLeftRaised, kLeftRejoined).
   void Leave(int how) {
     if (group_.peers() != nullptr) group_.peers()->Leave(how);
   }

@@ -431,6 +431,9 @@ std::string Group::GoneHow(int local) const {
              "with it; every rank must run the same steps";
     case kLeftRaised:
       return " left the job: its program ended with an error (see that rank's output)";
+    case kLeftRejoined:
+      return " left the job for its next generation (elastic training: the members "
+             "changed)";
     default:
       return " exited or died";
   }

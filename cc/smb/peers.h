@@ -33,6 +33,7 @@ constexpr int kMaxPending = 256;     // collectives one rank may have waiting to
 // How a rank left the job (Peers::Left).
 constexpr int kLeftFinished = 1;  // its program ended (returned, exited)
 constexpr int kLeftRaised = 2;    // its program ended with an uncaught error
+constexpr int kLeftRejoined = 3;  // it joined the job's next generation (elastic training)
 
 // One rank's control words. Cache-line aligned so ranks do not false-share.
 struct alignas(64) RankControl {
@@ -114,7 +115,7 @@ class Peers {
   // (or not known: killed, or a transport without the word), kLeftFinished
   // once its program ended normally, kLeftRaised once it ended with an error.
   virtual int Left(int rank) const { return 0; }
-  // Marks this rank as having left the job (kLeftFinished or kLeftRaised) and
+  // Marks this rank as having left the job (kLeftFinished, kLeftRaised or kLeftRejoined) and
   // wakes the ranks that wait, so one waiting for it fails at once, saying so.
   virtual void Leave(int how) {}
   // The node's box (segment table for the asynchronous mode), if any.

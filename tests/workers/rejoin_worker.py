@@ -1,8 +1,10 @@
 """A job whose members change while its processes live on (elastic training's
 core): ranks 0-2 of a 3-worker job sum once; rank 2 leaves; the other two fail
-their next collective, join a 2-worker job and sum; then a process that was not
-in either (ROLE=joiner) joins them in a 3-worker job, and all three sum. The
-same tf.function runs in every job. Prints one JSON line.
+their next collective, join a 2-worker job and sum; rank 0 moves on to the next
+job while rank 1 tries one more sum in this one (it fails: rank 0 left for the
+next generation); then a process that was not in either (ROLE=joiner) joins
+them in a 3-worker job, and all three sum. The same tf.function runs in every
+job. Prints one JSON line.
 
     TF_SMB_RANK=r TF_SMB_SIZE=3 TF_SMB_JOB_ID=j python rejoin_worker.py   # r = 0, 1, 2
     ROLE=joiner TF_SMB_RANK=3 TF_SMB_SIZE=4 TF_SMB_JOB_ID=j python rejoin_worker.py
@@ -48,6 +50,12 @@ def main() -> int:
         out["after_leave"] = e.message
     ops.rejoin(job(started, 1, started.rank, 2))
     out["g1"] = float(summed(tf.constant(started.rank + 1.0)))
+    if started.rank == 1:  # rank 0 goes on to the next job first: this sum fails at once
+        try:
+            summed(tf.constant(1.0))
+            out["after_rejoin"] = "no error"
+        except tf.errors.OpError as e:
+            out["after_rejoin"] = e.message
     ops.rejoin(job(started, 2, started.rank, 3))
     out["g2"] = float(summed(tf.constant(started.rank + 1.0)))
     out["rank"], out["size"] = ops.rank(), ops.size()

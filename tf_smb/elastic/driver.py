@@ -23,8 +23,8 @@ import dataclasses
 import os
 import random
 import shutil
+import platform
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -83,7 +83,8 @@ def parse_hosts(lines: Sequence[str]) -> Dict[str, int]:
 
 def is_this_machine(host: str) -> bool:
     """Whether `host` names this machine (its workers start here)."""
-    return host in {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
+    return host in {"localhost", "127.0.0.1", "::1", platform.node(),
+                    platform.node().split(".")[0]}
 
 
 @dataclasses.dataclass

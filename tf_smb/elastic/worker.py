@@ -16,7 +16,7 @@ from tf_smb import env as env_lib
 from tf_smb.elastic import protocol
 
 POLL_S = 0.05   # how often a waiting worker reads generation.json
-LISTEN_S = 0.1  # how often the listener reads hosts.json
+FOLLOW_S = 0.1  # how often hosts.json is read for updates
 
 
 class WorkerRemoved(Exception):
@@ -31,8 +31,8 @@ class ElasticWorker:
         self.directory = directory
         self.worker_id = worker_id
         self.generation = generation
-        self._listeners: Dict[int, Callable[[protocol.HostUpdate], None]] = {}
-        self._listener_thread: Optional[threading.Thread] = None
+        self._followers: Dict[int, Callable[[protocol.HostUpdate], None]] = {}
+        self._follower_thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         # Host updates until now made the generation this worker starts in.
         update = self.latest_host_update()
@@ -103,24 +103,24 @@ class ElasticWorker:
         """The launcher's latest host update (None: the hosts never changed)."""
         return protocol.read_host_update(self.directory)
 
-    def listen(self, key: int, callback: Callable[[protocol.HostUpdate], None]) -> None:
+    def follow_host_updates(self, key: int, callback: Callable[[protocol.HostUpdate], None]) -> None:
         """Calls `callback` (on a thread of its own) with each host update after
         those that made this worker's first generation; one callback per `key`."""
         with self._lock:
-            self._listeners[key] = callback
-            if self._listener_thread is None:
-                self._listener_thread = threading.Thread(
-                    target=self._listen, name="tf_smb-elastic-hosts", daemon=True)
-                self._listener_thread.start()
+            self._followers[key] = callback
+            if self._follower_thread is None:
+                self._follower_thread = threading.Thread(
+                    target=self._follow, name="tf_smb-elastic-hosts", daemon=True)
+                self._follower_thread.start()
 
-    def _listen(self) -> None:
+    def _follow(self) -> None:
         seen = self._seen_serial
         while True:
             update = self.latest_host_update()
             if update is not None and update.serial > seen:
                 seen = update.serial
                 with self._lock:
-                    listeners = list(self._listeners.values())
+                    listeners = list(self._followers.values())
                 for callback in listeners:
                     callback(update)
-            time.sleep(LISTEN_S)
+            time.sleep(FOLLOW_S)

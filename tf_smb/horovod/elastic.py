@@ -243,7 +243,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             state.sync()
             return func(state, *args, **kwargs)
         worker.mark_joined()
-        worker.listen(id(state), lambda update: state.on_hosts_updated(
+        worker.follow_host_updates(id(state), lambda update: state.on_hosts_updated(
             update.serial, (REMOVED if update.removed else 0) | (ADDED if update.added else 0)))
         skip_sync = False
         while True:
