@@ -78,6 +78,9 @@ TIER_OF_FILE = {
     # Bazel's build of the same sources from BUILD/WORKSPACE (Debian's offline Bazel);
     # fast: setup.py's and op_library's builds of them (test_install.py, every import).
     "test_bazel_build.py": FULL,
+    # Horovod's three elastic examples, a worker killed and a host added (~4 min); fast:
+    # Horovod's single-rank-failure scenario (test_elastic_horovod.py).
+    "test_elastic_examples.py": FULL,
     # Files holding full-tier tests, the longest of --full, ahead of the rest.
     "test_nodes_layouts.py": FAST,
     "test_horovod_examples.py": FAST,
@@ -119,6 +122,7 @@ TIER_OF_FILE = {
     "test_env.py": FAST,
     "test_elastic.py": FAST,
     "test_elastic_horovod.py": FAST,
+    "test_elastic_fit.py": FAST,
 }
 
 # Tests of fast files that run in --full only, each a conformance proof whose family

@@ -96,8 +96,24 @@ def run_ranks(args: Sequence[str], world: int, timeout: float,
         commands.append(([*python(), *args], e))
     outcome, results = _run(commands, timeout)
     if outcome.running:
-        raise AssertionError(f"rank {outcome.running[0]} did not finish within {timeout}s")
+        tails = "\n".join(f"--- rank {r.rank} (exit status {r.returncode}):\n"
+                          f"{r.stdout[-1500:]}{r.stderr[-3000:]}" for r in results)
+        raise AssertionError(f"rank(s) {outcome.running} did not finish within {timeout}s; "
+                             f"what each rank printed:\n{tails}")
     return results
+
+
+def pid_with_env(pids: Sequence[int], name: str, value: str) -> Optional[int]:
+    """The first of `pids` whose environment sets `name` to `value` (None: none does)."""
+    wanted = f"{name}={value}".encode()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if wanted in f.read().split(b"\0"):
+                    return pid
+        except OSError:
+            continue
+    return None
 
 
 def run_command(argv: Sequence[str], timeout: float, env: Dict[str, str],

@@ -17,6 +17,7 @@ def test_survivors_rejoin_a_smaller_job_then_a_new_process_joins_them():
     # launch, ROLE=joiner) as a 3-worker job (1+2+3).
     per_rank = [{"TF_SMB_SIZE": "3"}] * 3 + [{"ROLE": "joiner"}]
     results = [r.check().json() for r in run_ranks([REJOIN], 4, timeout=300,
+                                                   env={"TF_SMB_TIMEOUT": "90"},
                                                    per_rank_env=per_rank)]
     by_start = {r["start_rank"]: r for r in results}
     for rank in (0, 1):

@@ -17,6 +17,7 @@ import pytest
 
 import simnodes
 from frozen_thread import FrozenThread
+import harness
 from harness import REPO, WORKERS
 
 SEGMENTS = os.path.join(WORKERS, "segments_worker.py")
@@ -323,16 +324,11 @@ def _without_noise(output):
 
 def _pid_of_rank(nodes, rank):
     """The pid of the worker that Open MPI made job rank `rank`."""
-    for pid, cmd in nodes.processes():
-        if cmd.startswith(sys.executable):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-            except OSError:
-                continue
-            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
-                return pid
-    raise LookupError(f"no worker of rank {rank}: {nodes.processes()}")
+    pids = [pid for pid, cmd in nodes.processes() if cmd.startswith(sys.executable)]
+    pid = harness.pid_with_env(pids, "OMPI_COMM_WORLD_RANK", str(rank))
+    if pid is None:
+        raise LookupError(f"no worker of rank {rank}: {nodes.processes()}")
+    return pid
 
 
 def _early_output(run):

@@ -36,7 +36,7 @@ a TensorFlow or Keras version moves it):
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
@@ -160,6 +160,14 @@ class DataParallelExtended(WorkerRoles, distribute_lib.StrategyExtendedV1):
         # still has data, so uneven shards end every worker's epoch together.
         self.experimental_enable_get_next_as_optional = True
         self.enable_partial_batch_handling = True
+        # Elastic jobs (tf_smb/keras_support/elastic.py): variables are made
+        # equal when training starts, not at creation (a process that joins a
+        # running job creates its variables while the others do not); and after
+        # a change of the members, the first epoch's first batches done before
+        # the last commit are skipped.
+        self._equal_at_creation = True
+        self._skip_batches = 0
+        self._skipping: Optional["_SkipFirstBatches"] = None
 
     # -- who we are ---------------------------------------------------------
     @property
@@ -269,7 +277,8 @@ class DataParallelExtended(WorkerRoles, distribute_lib.StrategyExtendedV1):
             return values_lib.SyncOnReadVariable(
                 strategy, self._replicas.replica_copies(next_creator, kwargs), aggregation)
         kwargs = self._replicas.variable_kwargs(kwargs)
-        traced = self._job.size > 1 and _is_symbolic(kwargs.get("initial_value"))
+        traced = (self._job.size > 1 and self._equal_at_creation
+                  and _is_symbolic(kwargs.get("initial_value")))
         if traced and not self._mode.keeps_in_box(kwargs.get("trainable", True)):
             # Made while a tf.function traces (Keras 3.3 builds optimizers and
             # unbuilt models in the first step): the value exists only when the
@@ -277,8 +286,8 @@ class DataParallelExtended(WorkerRoles, distribute_lib.StrategyExtendedV1):
             kwargs["initial_value"] = self._collectives.broadcast(
                 [kwargs["initial_value"]], root=0)[0]
         variable = self._replicas.create_variable(strategy, next_creator, kwargs)
-        if (self._job.size > 1 and not self._mode.place(self._replicas.unwrap(variable))
-                and not traced):
+        if (self._job.size > 1 and self._equal_at_creation
+                and not self._mode.place(self._replicas.unwrap(variable)) and not traced):
             broadcast_initial_value(self._collectives, variable)
         return variable
 
@@ -326,6 +335,37 @@ class DataParallelExtended(WorkerRoles, distribute_lib.StrategyExtendedV1):
             num_replicas_in_sync=self._replicas_in_job)
 
     def _experimental_distribute_dataset(self, dataset, options):
+        if self._skip_batches:  # the training data of an elastic fit that resumes
+            count, self._skip_batches = self._skip_batches, 0
+            self._skipping = _SkipFirstBatches(count, dataset, lambda d: (
+                self._distribute_global_batches(d, options)))
+            return self._skipping
+        return self._distribute_global_batches(dataset, options)
+
+    def skip_batches(self, count: int) -> None:
+        """Elastic fit: the next dataset distributed (fit's training data) skips
+        its first `count` global batches until `stop_skipping`."""
+        self._skip_batches = count
+        self.stop_skipping()
+
+    def stop_skipping(self) -> None:
+        """The dataset `skip_batches` made gives every batch from its next
+        iteration on (call it at the end of the first epoch)."""
+        if self._skipping is not None:
+            self._skipping.stop()
+            self._skipping = None
+
+    @property
+    def resuming(self) -> bool:
+        """Whether the next dataset distributed skips batches (`skip_batches`)."""
+        return self._skip_batches > 0
+
+    @property
+    def skipping_dataset(self) -> Optional["_SkipFirstBatches"]:
+        """The dataset `skip_batches` made, while it skips."""
+        return self._skipping
+
+    def _distribute_global_batches(self, dataset, options):
         if self._replicas_in_job == 1:
             # One replica in all: nothing to split. The plain dataset, as the
             # default strategy gives it, spares tf.distribute's iterator
@@ -512,6 +552,33 @@ class DataParallelExtended(WorkerRoles, distribute_lib.StrategyExtendedV1):
             return all_gather(self._collectives, local, axis, self._job.rank, self._job.size)
 
 
+class _SkipFirstBatches:
+    """A distributed dataset whose iterations skip the first `count` global
+    batches while `active` (an elastic job resuming mid-epoch from its last
+    commit: Keras iterates once to build, then for the first epoch); later
+    ones, and everything else, are `distribute(dataset)`'s."""
+
+    def __init__(self, count: int, dataset: tf.data.Dataset,
+                 distribute: Callable[[tf.data.Dataset], Any]) -> None:
+        self.count = count
+        self.active = True
+        self.counted = False  # Keras' epoch iterator counts the batches left
+        self.on_stop: Callable[[], None] = lambda: None
+        self._skipped = distribute(dataset.skip(count))
+        self._whole = distribute(dataset)
+
+    def stop(self) -> None:
+        """Every batch from the next iteration on."""
+        self.active = False
+        self.on_stop()
+
+    def __iter__(self):
+        return iter(self._skipped if self.active else self._whole)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._whole, name)
+
+
 def _mirrored(tensors: Sequence[tf.Tensor]) -> values_lib.Mirrored:
     """One value for every local replica."""
     return values_lib.Mirrored(tuple(tensors))
@@ -542,11 +609,45 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         checked by the subclass: tf_smb/options.py)."""
         self._job = job
         self._gradient_clipping = gradient_clipping
+        self._elastic: Optional[Any] = None
+        self._elastic_fit: Optional[Any] = None
         if job.size > 1:
             _MULTI_WORKER.add(self)
         # Skip MultiWorkerMirroredStrategy.__init__ (it would set up TF's own
         # collectives and cluster): tf.distribute.Strategy's is all we need.
         tf.distribute.Strategy.__init__(self, extended)  # pylint: disable=non-parent-init-called
+
+    def _make_elastic(self, worker: Any, commit_steps: int) -> None:
+        """Makes this strategy follow the generations of the elastic job of
+        `worker` (a tf_smb.elastic.worker.ElasticWorker), Keras `fit` committing
+        every `commit_steps` batches: see `rejoined`."""
+        from tf_smb.keras_support.elastic import ElasticFit  # pylint: disable=import-outside-toplevel
+        self._elastic = worker
+        self._elastic_fit = ElasticFit(self, commit_steps)
+        self.extended._equal_at_creation = False  # pylint: disable=protected-access
+        _MULTI_WORKER.add(self)
+
+    @property
+    def elastic_worker(self) -> Optional[Any]:
+        """This process's side of its elastic job (the members may change), or
+        None: the job's members are fixed."""
+        return self._elastic
+
+    @property
+    def elastic_fit(self) -> Any:
+        """How Keras `fit` goes on through member changes (elastic strategies)."""
+        return self._elastic_fit
+
+    def rejoined(self, job: env_lib.JobInfo) -> None:
+        """Makes this strategy work in `job`, the next generation of its elastic
+        job, which this process joined (tf_smb.ops.rejoin): its rank and size,
+        input sharding and reductions are the new job's from then on. Functions
+        traced before keep the old size: trace them again (Keras fit does so)."""
+        if self._elastic is None:
+            raise ValueError("rejoined: this strategy is not elastic (SMBStrategy(elastic="
+                             "True) under tf_smb.run --min-np/--max-np/...)")
+        self._job = job
+        self.extended._job = job  # pylint: disable=protected-access
 
     @property
     def rank(self) -> int:

@@ -110,10 +110,13 @@ def _join(job: env_lib.JobInfo, settings: Dict[str, Any],
             across_nodes=job.spans_nodes, rejoin=leave_first, **settings)
 
     run_now(join)
-    if _JOB is None and job.size > 1:
+    if not _ANNOUNCING and job.size > 1:
         _announce_leaving()
     _JOB = job
     return job
+
+
+_ANNOUNCING = False  # whether this process tells the others when it leaves
 
 
 def _announce_leaving() -> None:
@@ -121,6 +124,8 @@ def _announce_leaving() -> None:
     whether with an uncaught error), so one still waiting for it in a
     collective fails at once saying so, rather than "exited or died" once the
     process is gone. A killed process says nothing: that stays "exited or died"."""
+    global _ANNOUNCING
+    _ANNOUNCING = True
     raised = []
     previous_hook = sys.excepthook
 

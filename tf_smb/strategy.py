@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from tf_smb import env as env_lib
+from tf_smb.keras_support import elastic as elastic_lib
 from tf_smb import keras_support
 from tf_smb import local_replicas as local_replicas_lib
 from tf_smb import ops as smb_ops
@@ -120,6 +121,16 @@ class SMBStrategy(DataParallelStrategy):
         whose steps are short against Keras' own time between them
         (keras_digits) it needed about twice the batches to reach 0.95.
         Needs staleness=None and local_replicas=1.
+      elastic: Keras `fit` goes on through changes of the job's members
+        under tf_smb's elastic launcher (`tf_smb.run --min-np A --max-np B
+        --host-discovery-script S ...`): a worker lost (the others go back to
+        the last commit), a host removed or added (at the next commit); the
+        global batch stays the one the data has, split over the members of the
+        moment, so the job trains as one process on the same batches would
+        (docs/elastic.md). mode="sync" and local_replicas=1 only. Outside an
+        elastic launch it changes nothing.
+      commit_steps: elastic only: `fit` commits (in memory) every this many
+        batches, and at each epoch's end; a lost worker costs the batches since.
 
     In async mode every worker must create the same trainable variables in
     the same order; each gets a box segment named after its path, and a
@@ -137,7 +148,9 @@ class SMBStrategy(DataParallelStrategy):
                  staging_bytes: Optional[int] = None,
                  job: Optional[env_lib.JobInfo] = None,
                  gradient_clipping: GradientClipping = "after_sum",
-                 local_replicas: int = 1, read_at: ReadAt = "start") -> None:
+                 local_replicas: int = 1, read_at: ReadAt = "start",
+                 elastic: bool = False,
+                 commit_steps: int = elastic_lib.DEFAULT_COMMIT_STEPS) -> None:
         # Every option is checked here, once (tf_smb/options.py).
         options = StrategyOptions(mode=mode, staleness=staleness, update=update,
                                   momentum=momentum, consistency=consistency,
@@ -149,8 +162,9 @@ class SMBStrategy(DataParallelStrategy):
         if local_replicas != 1:
             # Before anything else runs an op: TensorFlow fixes its devices then.
             devices = local_replicas_lib.logical_cpu_devices(local_replicas)
+        worker = elastic_lib.elastic_worker(elastic, mode, local_replicas, commit_steps)
         job = job or env_lib.detect()
-        if job.size > 1:
+        if job.size > 1 or worker is not None:
             job = smb_ops.init(job, timeout_s=timeout_s, staging_bytes=staging_bytes)
         self._mode = mode
         collectives = SMBCollectives()
@@ -169,6 +183,8 @@ class SMBStrategy(DataParallelStrategy):
         extended = DataParallelExtended(self, job, collectives, layout=layout, mode=worker_mode)
         keras_support.install_strategy_hooks(job)
         self._setup(job, extended, gradient_clipping)
+        if worker is not None:
+            self._make_elastic(worker, commit_steps)
         if worker_mode.engine is not None:
             keras_support.note_async_strategy(self)  # for layers' set_weights
 

@@ -9,6 +9,7 @@ job. Prints one JSON line.
     TF_SMB_RANK=r TF_SMB_SIZE=3 TF_SMB_JOB_ID=j python rejoin_worker.py   # r = 0, 1, 2
     ROLE=joiner TF_SMB_RANK=3 TF_SMB_SIZE=4 TF_SMB_JOB_ID=j python rejoin_worker.py
 """
+import faulthandler
 import json
 import os
 import sys
@@ -29,7 +30,18 @@ def summed(x):
     return ops.allreduce([x])[0]
 
 
+def error_of(x: float) -> str:
+    """The message of the error a sum of `x` fails with ("no error": it did not)."""
+    try:
+        summed(tf.constant(x))
+        return "no error"
+    except tf.errors.OpError as e:
+        return e.message
+
+
 def main() -> int:
+    # A hang prints every thread's stack (before the test's own timeout ends it).
+    faulthandler.dump_traceback_later(float(os.environ.get("HANG_DUMP_S", "200")), exit=True)
     started = env_lib.detect()
     out = {"start_rank": started.rank}
     if os.environ.get("ROLE") == "joiner":
@@ -43,19 +55,11 @@ def main() -> int:
     if started.rank == 2:
         print(json.dumps(out), flush=True)
         return 0  # leaves the job (tf_smb tells the others at exit)
-    try:
-        summed(tf.constant(1.0))
-        out["after_leave"] = "no error"
-    except tf.errors.OpError as e:
-        out["after_leave"] = e.message
+    out["after_leave"] = error_of(1.0)
     ops.rejoin(job(started, 1, started.rank, 2))
     out["g1"] = float(summed(tf.constant(started.rank + 1.0)))
     if started.rank == 1:  # rank 0 goes on to the next job first: this sum fails at once
-        try:
-            summed(tf.constant(1.0))
-            out["after_rejoin"] = "no error"
-        except tf.errors.OpError as e:
-            out["after_rejoin"] = e.message
+        out["after_rejoin"] = error_of(1.0)
     ops.rejoin(job(started, 2, started.rank, 3))
     out["g2"] = float(summed(tf.constant(started.rank + 1.0)))
     out["rank"], out["size"] = ops.rank(), ops.size()

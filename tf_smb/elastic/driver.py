@@ -151,6 +151,7 @@ class Driver:
         self._slots_seen: Set[Tuple[str, int]] = set()  # discovered by the last generation
         self._discovered_at = 0.0
         self._ids_taken = 0
+        self._all_joined = False  # every member joined this generation (read till then)
 
     # -- hosts ----------------------------------------------------------------
     def _discover(self) -> Dict[str, int]:
@@ -171,7 +172,8 @@ class Driver:
         self._discovered_at = time.monotonic()
         return {h: n for h, n in self._hosts.items() if self._blacklist.allows(h)}
 
-    def _free_slots(self, hosts: Dict[str, int], staying: Sequence[_Worker]) -> List[Tuple[str, int]]:
+    def _free_slots(self, hosts: Dict[str, int],
+                    staying: Sequence[_Worker]) -> List[Tuple[str, int]]:
         taken = {(w.host, w.slot) for w in staying}
         return [(h, s) for h, n in hosts.items() for s in range(n) if (h, s) not in taken]
 
@@ -206,6 +208,7 @@ class Driver:
                 worker = self._start_worker(wid, host, slot, rank, len(ids), job_id)
             members.append(worker)
         self._members = members
+        self._all_joined = False
         self._log(f"generation {self._generation}: {len(members)} workers "
                   f"({', '.join(f'{w.id}@{w.host}' for w in members)})")
 
@@ -289,8 +292,11 @@ class Driver:
             return False
         if all(w.returncode == 0 for w in self._members):
             return all(w.returncode is not None for w in self._started) or self._ended_removed()
-        joined = protocol.joined(self._dir, self._generation)
-        earlier = [w for w in self._members if w.id not in joined]
+        earlier: List[_Worker] = []
+        if not self._all_joined:
+            joined = protocol.joined(self._dir, self._generation)
+            earlier = [w for w in self._members if w.id not in joined]
+            self._all_joined = not earlier
         if any(w.returncode == 0 for w in earlier):
             # The job ended before this generation formed (its last commit came
             # first): once the rest of the earlier generation ended, so has the job.

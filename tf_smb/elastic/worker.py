@@ -69,18 +69,23 @@ class ElasticWorker:
                     f"worker {self.worker_id}: the launcher published no generation after "
                     f"{self.generation} within {timeout_s:g} s")
             time.sleep(POLL_S)
-        if generation.rank_of(self.worker_id) is None:
-            raise WorkerRemoved(f"worker {self.worker_id} is not in generation "
-                                f"{generation.number}")
+        self._rank_in(generation)
         return generation
 
-    def job_in(self, generation: protocol.Generation) -> env_lib.JobInfo:
-        """This worker's place in `generation` (whose box the launcher made)."""
+    def _rank_in(self, generation: protocol.Generation) -> int:
         rank = generation.rank_of(self.worker_id)
         if rank is None:
             raise WorkerRemoved(f"worker {self.worker_id} is not in generation "
                                 f"{generation.number}")
-        return env_lib.JobInfo(rank=rank, size=len(generation.members),
+        return rank
+
+    def job_in(self, generation: protocol.Generation) -> env_lib.JobInfo:
+        """This worker's place in `generation` (whose box the launcher made).
+
+        Raises:
+          WorkerRemoved: `generation` does not include this worker.
+        """
+        return env_lib.JobInfo(rank=self._rank_in(generation), size=len(generation.members),
                                job_id=generation.job_id, box_created=True,
                                launcher="tf_smb")
 
@@ -103,7 +108,8 @@ class ElasticWorker:
         """The launcher's latest host update (None: the hosts never changed)."""
         return protocol.read_host_update(self.directory)
 
-    def follow_host_updates(self, key: int, callback: Callable[[protocol.HostUpdate], None]) -> None:
+    def follow_host_updates(self, key: int,
+                            callback: Callable[[protocol.HostUpdate], None]) -> None:
         """Calls `callback` (on a thread of its own) with each host update after
         those that made this worker's first generation; one callback per `key`."""
         with self._lock:

@@ -49,6 +49,9 @@ class _State:
     next_set_id = 1
     nodes: Optional[List[int]] = None  # each rank's node, across nodes (asked once)
     world: Optional[tf.Variable] = None  # elastic jobs: the size, read by graphs at run time
+    # Elastic jobs: the generation this process joins once its state is synced
+    # (until then its collectives run over itself alone: see `work_alone`).
+    pending: Optional[env_lib.JobInfo] = None
 
 
 def check_horovod_variables(env: Mapping[str, str]) -> None:
@@ -153,12 +156,18 @@ def init(comm: Optional[Sequence[int]] = None,
         check_horovod_variables(env)
         if env.get("HOROVOD_TIMELINE") and not timeline_lib.enabled():
             timeline_lib.enable(env["HOROVOD_TIMELINE"])
-        job = smb_ops.init()
+        elastic = bool(env.get(elastic_protocol.DIR_VAR))
+        joining = elastic and int(env.get(elastic_protocol.GENERATION_VAR, "0") or 0) > 0
+        job = env_lib.detect()
+        # A process that joins a running elastic job is on its own until its
+        # state is synced with the others' (`join_pending`, at hvd.elastic.run).
+        smb_ops.init(_alone_in(job) if joining else job)
         _State.job = job
-        if env.get(elastic_protocol.DIR_VAR):  # made here, eagerly: graphs only read it
+        _State.pending = job if joining else None
+        if elastic:  # made here, eagerly: graphs only read it
             with tf.init_scope():
-                _State.world = tf.Variable(job.size, trainable=False, dtype=tf.int32,
-                                           name="tf_smb_elastic_world")
+                _State.world = tf.Variable(1 if joining else job.size, trainable=False,
+                                           dtype=tf.int32, name="tf_smb_elastic_world")
         where = env_lib.placement(job, env)
         _State.local_rank, _State.local_size = where.local_rank, where.local_size
         _State.cross_rank, _State.cross_size = where.cross_rank, where.cross_size
@@ -187,6 +196,36 @@ def size_may_change() -> bool:
     elastic job): then no collective may be left out of a graph because the job
     has one rank now."""
     return _State.world is not None
+
+
+def _alone_in(job: env_lib.JobInfo) -> env_lib.JobInfo:
+    """A job of this process alone (no box), while it belongs to `job`."""
+    return env_lib.JobInfo(rank=0, size=1, job_id=f"{job.job_id}-alone-{os.getpid()}",
+                           box_created=True, launcher=job.launcher)
+
+
+def work_alone(job: env_lib.JobInfo) -> None:
+    """Elastic jobs: this process belongs to `job`, the next generation (its
+    size and ranks are `job`'s), but its collectives run over itself alone
+    until `join_pending`: what a process does between a change of the members
+    and the sync of the state (Horovod's reset callbacks; a new process's code
+    before hvd.elastic.run) then needs no other process to do the same."""
+    smb_ops.rejoin(_alone_in(job))
+    rejoined(job)
+    _State.pending = job
+    if _State.world is not None:
+        _State.world.assign(1)
+
+
+def join_pending() -> None:
+    """Elastic jobs: joins the generation `work_alone` (or `init`, in a process
+    that joined a running job) set aside; its collectives are the job's again."""
+    job, _State.pending = _State.pending, None
+    if job is None:
+        return
+    smb_ops.rejoin(job)
+    if _State.world is not None:
+        _State.world.assign(job.size)
 
 
 def rejoined(job: env_lib.JobInfo) -> None:

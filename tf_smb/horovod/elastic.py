@@ -11,10 +11,18 @@
 `run` syncs the state from rank 0 and calls the function; when a member of the
 job is lost (a collective fails: HorovodInternalError) the state goes back to
 its last commit; when the launcher reports a host update at a commit
-(HostsUpdatedInterrupt) it is kept. Either way this process then joins the
+(HostsUpdatedInterrupt) it is kept. Either way this process then moves to the
 next generation of the job (tf_smb.elastic.worker: its ranks and size change,
 the process stays), the reset callbacks run, and the function runs again. A
 worker the launcher leaves out of the next generation ends (exit status 0).
+
+Between a change and the sync of the state a process works alone: the reset
+callbacks, and a new process's code before `run`, see the new size and ranks,
+but their collectives run over that process only (Horovod forbids collectives
+there: the others may be doing something else, e.g. Horovod's synthetic
+benchmark example runs a training step before `run`; in Horovod a worker added
+to a running job waits there forever). The sync, from rank 0, then makes every
+process's state the same.
 
 Outside an elastic job (no `tf_smb.run --min-np/--max-np/...`), `run` calls the
 function once, and a lost member fails the job as it would without `run`.
@@ -226,11 +234,24 @@ def _lost_member(error: tf.errors.OpError) -> bool:
     return isinstance(error, tf.errors.AbortedError)
 
 
-def _reset(worker: ElasticWorker) -> None:
-    """Joins the next generation of the job, in this process."""
+def _reset(worker: ElasticWorker, state: State) -> None:
+    """Moves this process to the next generation of the job: its reset callbacks
+    run with the new size and ranks but over this process alone (a process new
+    to the job runs its code before `run` so too); then it joins the others."""
     from tf_smb.horovod import basics  # pylint: disable=import-outside-toplevel
-    job = worker.rejoin(RESET_TIMEOUT_S)
-    basics.rejoined(job)
+    generation = worker.next_generation(RESET_TIMEOUT_S)
+    basics.work_alone(worker.job_in(generation))
+    state.on_reset()
+    _join(worker, generation.number)
+
+
+def _join(worker: ElasticWorker, generation: Optional[int] = None) -> None:
+    """Joins the generation set aside (the others wait for this process there)."""
+    from tf_smb.horovod import basics  # pylint: disable=import-outside-toplevel
+    basics.join_pending()
+    if generation is not None:
+        worker.generation = generation
+    worker.mark_joined()
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -242,7 +263,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         if worker is None:  # not an elastic job: nothing will change
             state.sync()
             return func(state, *args, **kwargs)
-        worker.mark_joined()
+        _join(worker)  # a process new to the job joins it here
         worker.follow_host_updates(id(state), lambda update: state.on_hosts_updated(
             update.serial, (REMOVED if update.removed else 0) | (ADDED if update.added else 0)))
         skip_sync = False
@@ -262,10 +283,9 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync
             try:
-                _reset(worker)
+                _reset(worker, state)
             except WorkerRemoved:
                 sys.exit(0)
-            state.on_reset()
 
     return wrapper
 

@@ -16,7 +16,7 @@ _ASYNC_STRATEGIES: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 def multi_worker_strategy(model: Any) -> Optional[Any]:
     """The tf_smb strategy (SMBStrategy, HorovodStrategy) of 2 or more workers
-    that `model` was created under, else None.
+    (or of an elastic job) that `model` was created under, else None.
 
     Keras records the strategy in scope when a model is created
     (registry.MODEL_STRATEGY); `model.distribute_strategy` would also
@@ -27,8 +27,9 @@ def multi_worker_strategy(model: Any) -> Optional[Any]:
     # Imported late: tf_smb.data_parallel imports this package.
     from tf_smb.data_parallel import DataParallelStrategy  # pylint: disable=import-outside-toplevel
     strategy = registry.read(model, registry.MODEL_STRATEGY, None)
-    if isinstance(strategy, DataParallelStrategy) and strategy.size > 1:
-        return strategy
+    if isinstance(strategy, DataParallelStrategy) and (
+            strategy.size > 1 or strategy.elastic_worker is not None):
+        return strategy  # an elastic job's: also while it has one member
     return None
 
 

@@ -5,7 +5,7 @@ import contextlib
 import functools
 import inspect
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from tf_smb import phase
 from tf_smb.keras_support import _owner
@@ -80,7 +80,7 @@ def _data_spec(model: Any, epoch_iterator: Any) -> Optional[Any]:
 
 
 @contextlib.contextmanager
-def _with_callback(fit, model, args, kwargs, callback):
+def with_callback(fit, model, args, kwargs, callback):
     """fit's (args, kwargs) with `callback` run first among the callbacks; a
     CallbackList the caller passed gets it back out afterwards."""
     import keras  # pylint: disable=import-outside-toplevel
@@ -123,6 +123,12 @@ def install_fit_hooks() -> None:
         strategy = _owner.multi_worker_strategy(self)
         if strategy is None:
             _owner.check_built_in_scope(self)
+        elif strategy.elastic_worker is not None:
+            return strategy.elastic_fit.fit(fit, self, args, kwargs, fit_once)
+        return fit_once(self, args, kwargs)
+
+    def fit_once(self, args, kwargs):
+        strategy = _owner.multi_worker_strategy(self)
         # Entered for every model: one of another strategy (or none) fitted
         # inside our fit's callbacks must shuffle as Keras does.
         async_strategy, local_only = _owner.async_fit_strategy(self)
@@ -134,7 +140,7 @@ def install_fit_hooks() -> None:
             order = stack.enter_context(data_lib.agreed_shuffle(strategy))
             if order is not None:
                 args, kwargs = stack.enter_context(
-                    _with_callback(fit, self, args, kwargs, order.callback()))
+                    with_callback(fit, self, args, kwargs, order.callback()))
             if async_strategy is None:
                 return fit(self, *args, **kwargs)
             smb_ops.clock_finish(False)
@@ -188,7 +194,10 @@ def _install_epoch_length_hook() -> None:
     @functools.wraps(init)
     def init_hook(self, distribute_strategy=None, *args, **kwargs):
         fitting = getattr(_phase, "async_fit", None)
-        if (fitting is None or fitting.strategy is not distribute_strategy
+        if getattr(getattr(distribute_strategy, "extended", None), "resuming", False):
+            init(self, distribute_strategy, *args, **kwargs)
+            _count_resumed_epoch(self, distribute_strategy.extended)
+        elif (fitting is None or fitting.strategy is not distribute_strategy
                 or in_eval_phase()):
             init(self, distribute_strategy, *args, **kwargs)
         elif fitting.training_iterator_made:
@@ -222,6 +231,12 @@ def _count_own_batches(epoch_iterator: Any, training_batches: Any) -> None:
             if registry.read(epoch_iterator, registry.EPOCH_BATCHES) == 0:
                 _tell_no_batch(data_batches)
 
+    _count_now_and_after_reset(epoch_iterator, count)
+
+
+def _count_now_and_after_reset(epoch_iterator: Any, count: Callable[[], None]) -> None:
+    """Runs `count` now and after each `reset()` of `epoch_iterator` (Keras 3.4+
+    recounts the data's batches there); Keras 3.3 has no `reset()`."""
     reset = getattr(epoch_iterator, "reset", None)
     if reset is not None:
         def reset_hook() -> None:
@@ -230,6 +245,30 @@ def _count_own_batches(epoch_iterator: Any, training_batches: Any) -> None:
 
         epoch_iterator.reset = reset_hook
     count()
+
+
+def _count_resumed_epoch(epoch_iterator: Any, extended: Any) -> None:
+    """An elastic fit resuming mid-epoch (its data skips the batches done
+    before the last commit, DataParallelExtended.skip_batches): `epoch_iterator`
+    counts the batches left in that epoch (else Keras would ask for a step past
+    the data's end, which the distributed iterator answers with an empty one),
+    and the whole epoch's again once the skipping stops."""
+    skipping = extended.skipping_dataset
+    if skipping is None or skipping.counted or epoch_iterator.steps_per_epoch:
+        return  # not the resumed training data, or one iterator runs through epochs
+    skipping.counted = True
+
+    def count() -> None:
+        batches = epoch_iterator.data_adapter.num_batches
+        if batches and skipping.active:
+            registry.write(epoch_iterator, registry.EPOCH_BATCHES, max(0, batches - skipping.count))
+
+    def whole() -> None:
+        registry.write(epoch_iterator, registry.EPOCH_BATCHES,
+                       epoch_iterator.data_adapter.num_batches)
+
+    skipping.on_stop = whole
+    _count_now_and_after_reset(epoch_iterator, count)
 
 
 def _tell_no_batch(data_batches: int) -> None:

@@ -76,7 +76,7 @@ def install_timeline_hooks() -> None:
     if _HOOKED or not timeline_lib.enabled():
         return
     _HOOKED = True
-    from tf_smb.keras_support.fit import _with_callback  # pylint: disable=import-outside-toplevel
+    from tf_smb.keras_support.fit import with_callback  # pylint: disable=import-outside-toplevel
 
     found = registry.locate(registry.FIT)
     fit = found.original()
@@ -85,7 +85,7 @@ def install_timeline_hooks() -> None:
     def fit_with_timeline(self, *args, **kwargs):
         if _owner.multi_worker_strategy(self) is None:
             return fit(self, *args, **kwargs)
-        with _with_callback(fit, self, args, kwargs, timeline_callback()) as (a, k):
+        with with_callback(fit, self, args, kwargs, timeline_callback()) as (a, k):
             return fit(self, *a, **k)
 
     found.replace(fit_with_timeline)

@@ -1,0 +1,250 @@
+"""Keras `fit` through the member changes of an elastic job, for
+SMBStrategy(elastic=True) under tf_smb's elastic launcher (docs/elastic.md).
+
+    strategy = tf_smb.SMBStrategy(elastic=True)
+    with strategy.scope():
+        model = ...; model.compile(...)
+    model.fit(dataset, epochs=10)     # unchanged
+
+    $ python -m tf_smb.run -np 4 --min-np 2 --max-np 4 --host-discovery-script ./hosts.sh \\
+          python train.py
+
+`fit` runs Keras' own fit in a loop. Each try starts with every member holding
+rank 0's variables (model and optimizer), epoch and batch; a callback commits
+them in memory every `commit_steps` batches and at each epoch's end, and there
+asks rank 0 whether the launcher announced a host update. When a member is
+lost (a collective fails: tf.errors.AbortedError), the others go back to the
+last commit; when hosts were updated, they stop at that commit. Either way each
+process joins the next generation of the job (its rank and size change, the
+process stays), Keras traces its step again for the new size, and the next try
+resumes at the committed epoch, skipping the batches of that epoch done before
+the commit. A process that joins a running job does the same from its first
+`fit`. The global batch is the one the data has: each generation splits it over
+its members, so the job trains on the same sequence of global batches as one
+process would.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+DEFAULT_COMMIT_STEPS = 10
+RESET_TIMEOUT_S = 600.0  # how long a worker waits for the launcher's next generation
+
+
+def elastic_worker(elastic: bool, mode: str, local_replicas: int,
+                   commit_steps: int = DEFAULT_COMMIT_STEPS) -> Optional[Any]:
+    """This process's side of its elastic job for SMBStrategy(elastic=...)
+    (a tf_smb.elastic.worker.ElasticWorker), or None: not asked for, or not
+    started by an elastic launcher (the members cannot change).
+
+    Raises:
+      ValueError: elastic with what it does not support (async mode, replica
+        threads), or commit_steps < 1.
+    """
+    if not elastic:
+        return None
+    if mode != "sync":
+        raise ValueError(f"SMBStrategy(elastic=True) needs mode='sync', got mode={mode!r}: "
+                         "asynchronous training across member changes is not built yet "
+                         "(docs/elastic.md)")
+    if local_replicas != 1:
+        raise ValueError(f"SMBStrategy(elastic=True) needs local_replicas=1, got "
+                         f"{local_replicas}")
+    if not isinstance(commit_steps, int) or commit_steps < 1:
+        raise ValueError(f"commit_steps must be an integer >= 1, got {commit_steps!r}")
+    from tf_smb.elastic.worker import ElasticWorker  # pylint: disable=import-outside-toplevel
+    return ElasticWorker.from_env()
+
+
+class _HostsUpdated(Exception):
+    """Rank 0 saw a host update at a commit: every member stops there."""
+
+    def __init__(self, removed_only: bool) -> None:
+        super().__init__("the launcher announced a host update")
+        self.removed_only = removed_only
+
+
+@dataclasses.dataclass
+class _Commit:
+    """The last commit: where training is, and the values of the variables."""
+
+    epoch: int
+    batch: int  # batches of `epoch` done
+    values: Optional[List[Any]] = None
+
+
+class ElasticFit:
+    """One strategy's elastic `fit` (see the module)."""
+
+    def __init__(self, strategy: Any, commit_steps: int) -> None:
+        self.strategy = strategy
+        self.worker = strategy.elastic_worker
+        self.commit_steps = commit_steps
+        self._update_lock = threading.Lock()
+        self._latest_update = (0, 0)  # (serial, flags) of the launcher's last host update
+        self._handled_update = 0
+        self._following = False
+
+    # -- collectives (eager; every member calls them in the same order) --------
+    def _from_rank0(self, values: List[int]) -> List[int]:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        collectives = self.strategy.extended.collectives
+        return [int(v) for v in collectives.broadcast(
+            [tf.constant(values, tf.int64)], root=0)[0].numpy()]
+
+    def tracked(self, model: Any) -> List[Any]:
+        """The variables a commit holds: the model's weights (trainable or not)
+        and its optimizer's (metrics start again with each epoch)."""
+        optimizer = getattr(model, "optimizer", None)
+        variables = list(model.weights)
+        if optimizer is not None:
+            if not optimizer.built:
+                with self.strategy.scope():
+                    optimizer.build(model.trainable_variables)
+            variables += list(optimizer.variables)
+        return variables
+
+    def sync_variables(self, model: Any) -> None:
+        """Every member's variables become rank 0's."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        variables = self.tracked(model)
+        if self.strategy.size > 1 and variables:
+            values = self.strategy.extended.collectives.broadcast(
+                [tf.convert_to_tensor(v) for v in variables], root=0)
+            for variable, value in zip(variables, values):
+                variable.assign(value)
+
+    def check_host_updates(self) -> None:
+        """Raises _HostsUpdated on every member at once when rank 0 heard of a
+        host update it had not handled (its view is sent to all)."""
+        with self._update_lock:
+            serial, flags = self._latest_update
+        handled, serial, flags = self._from_rank0([self._handled_update, serial, flags])
+        self._handled_update = serial
+        if serial > handled:
+            raise _HostsUpdated(removed_only=flags == 1)
+
+    def _on_host_update(self, update: Any) -> None:
+        with self._update_lock:
+            self._latest_update = (update.serial, int(update.removed) | 2 * int(update.added))
+
+    # -- the loop ----------------------------------------------------------------
+    def fit(self, fit: Callable[..., Any], model: Any, args: Any, kwargs: Any,
+            run: Callable[[Any, Any, Any], Any]) -> Any:
+        """Keras' `fit(model, *args, **kwargs)` through member changes; `run`
+        runs one try (model, args, kwargs) as tf_smb's fit hook does."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        from tf_smb.elastic.worker import WorkerRemoved  # pylint: disable=import-outside-toplevel
+        from tf_smb.keras_support.fit import with_callback  # pylint: disable=import-outside-toplevel
+        bound = inspect.signature(fit).bind(model, *args, **kwargs)
+        steps_per_epoch = bound.arguments.get("steps_per_epoch")
+        first_epoch = int(bound.arguments.get("initial_epoch") or 0)
+        self.worker.mark_joined()
+        if not self._following:
+            self._following = True
+            self.worker.follow_host_updates(id(self), self._on_host_update)
+        commit = _Commit(first_epoch, 0)
+        records: Dict[int, Dict[str, Any]] = {}
+        sync = True
+        while True:
+            try:
+                if sync:
+                    commit.epoch, commit.batch = self._from_rank0([commit.epoch, commit.batch])
+                skip = commit.batch
+                if steps_per_epoch:  # one iterator for every epoch: skip the epochs too
+                    skip += (commit.epoch - first_epoch) * int(steps_per_epoch)
+                self.strategy.extended.skip_batches(skip)
+                callback = _CommitCallback(self, commit, records, sync)
+                bound.arguments["initial_epoch"] = commit.epoch
+                with with_callback(fit, model, bound.args[1:], bound.kwargs, callback) as (a, k):
+                    history = run(model, a, k)
+                return _whole_history(history, records)
+            except _HostsUpdated as e:
+                sync = not e.removed_only  # only removed: every member holds the state
+            except tf.errors.AbortedError:  # a member was lost: back to the last commit
+                if commit.values is not None:
+                    for variable, value in zip(self.tracked(model), commit.values):
+                        variable.assign(value)
+                for epoch in [e for e in records if e >= commit.epoch]:
+                    del records[epoch]
+                sync = True
+            finally:
+                self.strategy.extended.skip_batches(0)
+            try:
+                job = self.worker.rejoin(RESET_TIMEOUT_S)
+            except WorkerRemoved:
+                sys.exit(0)  # left out of the job: done, as Horovod's workers are
+            self.strategy.rejoined(job)
+            for make in ("make_train_function", "make_test_function", "make_predict_function"):
+                getattr(model, make)(force=True)  # Keras traces them again, for the new size
+
+
+def _whole_history(history: Any, records: Dict[int, Dict[str, Any]]) -> Any:
+    """`history` (the last try's) with every epoch of this process's tries."""
+    if history is None or not records:
+        return history
+    epochs = sorted(records)
+    history.epoch = epochs
+    names = sorted({name for logs in records.values() for name in logs})
+    history.history = {name: [records[e].get(name) for e in epochs] for name in names}
+    return history
+
+
+def _commit_callback_class() -> Any:
+    import keras  # pylint: disable=import-outside-toplevel
+
+    class CommitCallback(keras.callbacks.Callback):
+        """Commits (in memory) and hears of host updates (see the module)."""
+
+        def __init__(self, elastic: ElasticFit, commit: _Commit,
+                     records: Dict[int, Dict[str, Any]], sync: bool) -> None:
+            super().__init__()
+            self._elastic = elastic
+            self._commit = commit
+            self._records = records
+            self._sync = sync
+            self._epoch = commit.epoch
+            self._skipped = commit.batch
+            self._since_commit = 0
+
+        def on_train_begin(self, logs=None):
+            if self._sync:
+                self._elastic.sync_variables(self.model)
+            self._keep(self._commit.epoch, self._commit.batch)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch != self._epoch:
+                self._skipped = 0
+            self._epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._since_commit += 1
+            done = self._skipped + batch + 1
+            # The epoch's last batch commits at the epoch's end (after validation).
+            if self._since_commit >= self._elastic.commit_steps and done != self.params.get(
+                    "steps"):
+                self._keep(self._epoch, done)
+                self._elastic.check_host_updates()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._elastic.strategy.extended.stop_skipping()
+            self._records[epoch] = dict(logs or {})
+            self._keep(epoch + 1, 0)
+            self._elastic.check_host_updates()
+
+        def _keep(self, epoch: int, batch: int) -> None:
+            self._since_commit = 0
+            self._commit.epoch, self._commit.batch = epoch, batch
+            # Copies in host memory: the commit survives whatever the next step does.
+            self._commit.values = [v.numpy() for v in self._elastic.tracked(self.model)]
+
+    return CommitCallback
+
+
+def _CommitCallback(*args: Any) -> Any:  # pylint: disable=invalid-name
+    """A Keras callback (Keras imported only when fit runs)."""
+    return _commit_callback_class()(*args)
