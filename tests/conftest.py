@@ -49,6 +49,7 @@ KERAS_FACING = (
     "test_same_as_one_process.py::test_custom_train_step_and_default_shuffle_equal_one_process",
     "test_same_as_one_process.py::test_a_model_built_outside_the_scope_is_refused",
     "test_same_as_one_process.py::test_reduce_and_gather_combine_replicas_or_refuse_in_async_mode",
+    "test_elastic_fit.py",
 )
 
 
