@@ -82,6 +82,9 @@ TIER_OF_FILE = {
     # Horovod's three elastic examples, a worker killed and a host added (~4 min); fast:
     # Horovod's single-rank-failure scenario (test_elastic_horovod.py).
     "test_elastic_examples.py": FULL,
+    # The epoch-time benchmark's smoke (~40 s); fast: the allreduce, async, replica-thread,
+    # elastic and N-node smokes.
+    "test_benchmark_epoch_time_smoke.py": FULL,
     # Files holding full-tier tests, the longest of --full, ahead of the rest.
     "test_nodes_layouts.py": FAST,
     "test_horovod_examples.py": FAST,
@@ -109,7 +112,6 @@ TIER_OF_FILE = {
     "test_without_mpi.py": FAST,
     "test_timeline.py": FAST,
     "test_benchmark_async_smoke.py": FAST,
-    "test_benchmark_epoch_time_smoke.py": FAST,
     "test_benchmark_local_replicas_smoke.py": FAST,
     "test_benchmark_smoke.py": FAST,
     "test_launcher.py": FAST,
@@ -124,6 +126,7 @@ TIER_OF_FILE = {
     "test_elastic.py": FAST,
     "test_elastic_horovod.py": FAST,
     "test_elastic_fit.py": FAST,
+    "test_benchmark_elastic_smoke.py": FAST,
 }
 
 # Tests of fast files that run in --full only, each a conformance proof whose family
@@ -168,7 +171,7 @@ FULL_TESTS = (
     "test_benchmark_nodes_smoke.py::test_benchmark_gather_bytes_smoke",
     # At 4 nodes: sync equality and the timeline, pushes, Horovod's API and process sets,
     # the async example; sync equality on 1+4 workers (fast: the same at 3 nodes, and
-    # sync equality at 3x1, 3x2, 3+2+1, 2+1).
+    # sync equality at 3+2+1 and 2+1).
     "test_nodes_layouts.py::test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline"
     "[1+1+1+1]",
     "test_nodes_layouts.py::test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline"
@@ -181,10 +184,13 @@ FULL_TESTS = (
     # example on 3+2+1 (fast: on 1+1+1).
     "test_nodes_layouts.py::test_no_split_brain_when_a_node_dies_as_a_survivors_mpi_thread_sticks",
     "test_nodes_layouts.py::test_keras_digits_async_reaches_090[3+2+1]",
-    # Sync equality at 3x2 (fast: 3+2+1, 3x1); the 3-node harness's smoke (fast: every
+    # Sync equality at 3x2 (fast: 3+2+1, 2+1); the 3-node harness's smoke (fast: every
     # test_nodes_layouts.py test runs on it).
     "test_nodes_layouts.py::test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline"
     "[2+2+2]",
+    # ... and at 3x1 (fast: 3+2+1 and 2+1, also 3 and 2 nodes).
+    "test_nodes_layouts.py::test_fit_evaluate_predict_equal_one_process_with_every_ranks_timeline"
+    "[1+1+1]",
     "test_nodes.py::test_smoke_three_uneven_nodes_on_one_bridge_each_reach_the_others",
     # At 2x2: the async example with delta pushes, and pushes to segments on both nodes
     # (fast: both at 3 nodes, on 1+1+1, 2+1, 1+2+2; the example's box SGD at 2x2).
@@ -200,7 +206,7 @@ FULL_TESTS = (
     # whose node was killed, test_smoke_killed_ranks_of_a_node_end_mpirun, and sync
     # survivors failing naming the lost ranks, test_nodes_collectives.py).
     "test_nodes.py::test_killed_node_ends_the_job_promptly",
-    # Sync equality at 2x1 and 2x3 (fast: 2x2 there, and 3x1, 3x2, 3+2+1, 2+1 in
+    # Sync equality at 2x1 and 2x3 (fast: 2x2 there, and 3+2+1, 2+1 in
     # test_nodes_layouts.py).
     "test_nodes.py::test_fit_2x1_equals_one_process_on_global_batch",
     "test_nodes.py::test_fit_2x3_equals_one_process_on_global_batch",

@@ -152,7 +152,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 cooldown_range=(tuple(args.blacklist_cooldown_range)
                                 if args.blacklist_cooldown_range else None),
                 elastic_timeout=args.elastic_timeout, timeout_s=args.timeout,
-                staging_bytes=args.staging_bytes, heap_bytes=args.heap_bytes),
+                staging_bytes=args.staging_bytes, heap_bytes=args.heap_bytes,
+                bind=args.bind_to == "core"),
                 log=_log, interrupted=lambda: received[0] if received else None)
         try:
             box = _box.create_box(job_id, args.np, staging_bytes=args.staging_bytes,

@@ -10,6 +10,9 @@ takes seconds, not minutes, on 2 cores).
         --fit_models=cnn,mlp --fit_epochs=8 --fit_batch=256 --samples=cnn:8192,mlp:32768
 
 Kinds: smb_sync, smb_async, smb_async_push (SMBStrategy; the last with read_at="push"),
+smb_elastic (SMBStrategy(elastic=True, commit_steps=--fit_commit_steps), under tf_smb.run's
+elastic launcher; its ranks also print each commit's seconds and each change of the members;
+--fit_kill=W:E:B makes elastic worker W kill itself at epoch E, batch B, printing when),
 horovod (tf_smb.HorovodStrategy, under mpirun or horovodrun), hvd_api (no strategy:
 Horovod's API on the box, tf_smb.horovod.keras.DistributedOptimizer, each rank fitting
 its shard at batch/size, as a Horovod script does), mwms (MultiWorkerMirroredStrategy, RING, from TF_CONFIG) and single (one
@@ -28,7 +31,8 @@ from typing import Dict, List, Optional, Sequence
 
 from benchmarks import common
 
-KINDS = ("smb_sync", "smb_async", "smb_async_push", "horovod", "hvd_api", "mwms", "single")
+KINDS = ("smb_sync", "smb_async", "smb_async_push", "smb_elastic", "horovod", "hvd_api", "mwms",
+         "single")
 FIT_MODELS = ("cnn", "mlp", "mlp10m", "resnet50", "small")
 IMAGE_SHAPES = {"cnn": (28, 28, 1), "resnet50": (32, 32, 3), "small": (1024,)}
 
@@ -113,8 +117,33 @@ def epoch_timer():
     return EpochTimer()
 
 
+def killer(plan: str):
+    """A Keras callback by which elastic worker W (TF_SMB_WORKER_ID) kills itself
+    (SIGKILL) at epoch E, batch B (`plan` "W:E:B"), first printing the time."""
+    import keras
+    import signal
+    worker, epoch, batch = (int(v) for v in plan.split(":"))
+
+    class Killer(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.epoch = 0
+
+        def on_epoch_begin(self, epoch_now, logs=None) -> None:
+            self.epoch = epoch_now
+
+        def on_train_batch_begin(self, batch_now, logs=None) -> None:
+            if (int(os.environ.get("TF_SMB_WORKER_ID", -1)), self.epoch, batch_now) == (
+                    worker, epoch, batch):
+                common.print_result({"kind": "killed", "at": time.time()})
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return Killer()
+
+
 def run(kind: str, models: Sequence[str], epochs: int, batch: int,
-        samples: Dict[str, int], autotune: Optional[bool] = None) -> None:
+        samples: Dict[str, int], autotune: Optional[bool] = None, commit_steps: int = 10,
+        kill: str = "") -> None:
     """Fits each model with the strategy `kind`; every rank prints each model's epoch times.
     `autotune` True/False sets the dataset's `options.autotune.enabled` (a user's
     explicit choice); None leaves it unset."""
@@ -142,6 +171,8 @@ def run(kind: str, models: Sequence[str], epochs: int, batch: int,
             strategies = {kind: tf_smb.SMBStrategy(mode=kind[4:])}
         elif kind == "smb_async_push":
             strategies = {kind: tf_smb.SMBStrategy(mode="async", read_at="push")}
+        elif kind == "smb_elastic":
+            strategies = {kind: tf_smb.SMBStrategy(elastic=True, commit_steps=commit_steps)}
         else:
             raise ValueError(f"unknown fit strategy {kind!r}")
         rank = hvd.rank() if kind == "hvd_api" else getattr(
@@ -167,7 +198,8 @@ def run(kind: str, models: Sequence[str], epochs: int, batch: int,
             timers[name] = epoch_timer()
         if len(nets) == 1:
             (name, net), = nets.items()
-            net.fit(dataset, epochs=epochs, shuffle=False, verbose=0, callbacks=[timers[name]])
+            net.fit(dataset, epochs=epochs, shuffle=False, verbose=0,
+                    callbacks=[timers[name], *([killer(kill)] if kill else [])])
         else:  # one epoch each in turn, the order rotating: all see the same load
             for epoch in range(epochs):
                 order = list(nets)[epoch % len(nets):] + list(nets)[:epoch % len(nets)]
@@ -175,10 +207,15 @@ def run(kind: str, models: Sequence[str], epochs: int, batch: int,
                     nets[name].fit(dataset, epochs=1, shuffle=False, verbose=0,
                                    callbacks=[timers[name]])
         for name, timer in timers.items():
+            elastic = getattr(strategies[name], "elastic_fit", None)
+            extra = {} if elastic is None else {
+                "rank": strategies[name].rank, "changes": elastic.changes,
+                "median_commit_s": (statistics.median(elastic.commit_seconds)
+                                    if elastic.commit_seconds else None)}
             common.print_result({
                 "kind": name, "model": model, "rank": rank,
                 "samples_per_epoch": (samples[model] // batch) * batch,
-                "epoch_s": timer.times, **step_summary(timer.steps)})
+                "epoch_s": timer.times, **step_summary(timer.steps), **extra})
         del nets
         keras.backend.clear_session()
 
@@ -210,6 +247,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--samples", required=True, help="samples per epoch, model:N,...")
     parser.add_argument("--fit_autotune", choices=("unset", "on", "off"), default="unset",
                         help="the dataset's options.autotune.enabled")
+    parser.add_argument("--fit_commit_steps", type=int, default=10,
+                        help="smb_elastic: batches between commits")
+    parser.add_argument("--fit_kill", default="", help="smb_elastic: W:E:B, a worker's death")
     args = parser.parse_args(argv)
     models = common.split_list(args.fit_models, "")
     samples = parse_samples(args.samples)
@@ -217,7 +257,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         parser.error(f"want models of {FIT_MODELS}, each with --samples; got {models}, "
                      f"{samples}")
     run(args.kind, models, args.fit_epochs, args.fit_batch, samples,
-        {"unset": None, "on": True, "off": False}[args.fit_autotune])
+        {"unset": None, "on": True, "off": False}[args.fit_autotune], args.fit_commit_steps,
+        args.fit_kill)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ class Options:
     timeout_s: Optional[float] = None
     staging_bytes: int = 0
     heap_bytes: int = 0
+    bind: bool = True  # each worker on its own block of CPUs (tf_smb.run --bind-to core)
 
 
 def parse_hosts(lines: Sequence[str]) -> Dict[str, int]:
@@ -94,6 +95,7 @@ class _Worker:
     slot: int
     start_rank: int
     processes: supervisor.Workers
+    cpu_block: Optional[int] = None  # which of the launcher's blocks of CPUs it runs on
     removed: bool = False       # left out of the job by the launcher
     removed_at: float = 0.0
 
@@ -152,6 +154,10 @@ class Driver:
         self._discovered_at = 0.0
         self._ids_taken = 0
         self._all_joined = False  # every member joined this generation (read till then)
+        # Blocks of CPUs for --max-np workers, as tf_smb.run binds a fixed job's (none
+        # when they may be more than the CPUs).
+        self._cpu_blocks = (supervisor.split_cpus(options.max_np) if options.bind and (
+            options.max_np <= len(os.sched_getaffinity(0))) else [])
 
     # -- hosts ----------------------------------------------------------------
     def _discover(self) -> Dict[str, int]:
@@ -224,10 +230,14 @@ class Driver:
             overrides={protocol.DIR_VAR: self._dir, protocol.WORKER_ID_VAR: str(wid),
                        protocol.GENERATION_VAR: str(self._generation),
                        "HOROVOD_HOSTNAME": host, "HOROVOD_RANK": str(rank)})
+        taken = {w.cpu_block for w in self._started if w.returncode is None}
+        block = next((i for i, cpus in enumerate(self._cpu_blocks)
+                      if cpus is not None and i not in taken), None)
         processes = supervisor.Workers([(list(self.options.command), env)], output="prefix",
                                        names=[f"worker {wid} ({host})"], labels=[str(wid)],
-                                       log=self._log)
-        worker = _Worker(wid, host, slot, rank, processes)
+                                       log=self._log,
+                                       cpus=None if block is None else [self._cpu_blocks[block]])
+        worker = _Worker(wid, host, slot, rank, processes, cpu_block=block)
         self._started.append(worker)
         return worker
 

@@ -29,6 +29,7 @@ import dataclasses
 import inspect
 import sys
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 DEFAULT_COMMIT_STEPS = 10
@@ -88,6 +89,12 @@ class ElasticFit:
         self._latest_update = (0, 0)  # (serial, flags) of the launcher's last host update
         self._handled_update = 0
         self._following = False
+        # What elastic training cost this process (benchmarks/elastic.py reads them):
+        # each commit's seconds (copies and the host-update check), and for each change
+        # of the members its cause, when it was caught (time.time()) and the seconds
+        # from then to the first step done in the next generation.
+        self.commit_seconds: List[float] = []
+        self.changes: List[Dict[str, Any]] = []
 
     # -- collectives (eager; every member calls them in the same order) --------
     def _from_rank0(self, values: List[int]) -> List[int]:
@@ -165,7 +172,9 @@ class ElasticFit:
                 return _whole_history(history, records)
             except _HostsUpdated as e:
                 sync = not e.removed_only  # only removed: every member holds the state
+                self.changes.append({"cause": "hosts updated", "caught_at": time.time()})
             except tf.errors.AbortedError:  # a member was lost: back to the last commit
+                self.changes.append({"cause": "member lost", "caught_at": time.time()})
                 if commit.values is not None:
                     for variable, value in zip(self.tracked(model), commit.values):
                         variable.assign(value)
@@ -222,19 +231,26 @@ def _commit_callback_class() -> Any:
             self._epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
+            changes = self._elastic.changes
+            if changes and "resumed_s" not in changes[-1]:  # the first step since a change
+                changes[-1]["resumed_s"] = time.time() - changes[-1]["caught_at"]
             self._since_commit += 1
             done = self._skipped + batch + 1
             # The epoch's last batch commits at the epoch's end (after validation).
             if self._since_commit >= self._elastic.commit_steps and done != self.params.get(
                     "steps"):
-                self._keep(self._epoch, done)
-                self._elastic.check_host_updates()
+                self._commit_and_check(self._epoch, done)
 
         def on_epoch_end(self, epoch, logs=None):
             self._elastic.strategy.extended.stop_skipping()
             self._records[epoch] = dict(logs or {})
-            self._keep(epoch + 1, 0)
-            self._elastic.check_host_updates()
+            self._commit_and_check(epoch + 1, 0)
+
+        def _commit_and_check(self, epoch: int, batch: int) -> None:
+            start = time.perf_counter()
+            self._keep(epoch, batch)
+            self._elastic.check_host_updates()  # raises _HostsUpdated on every member
+            self._elastic.commit_seconds.append(time.perf_counter() - start)
 
         def _keep(self, epoch: int, batch: int) -> None:
             self._since_commit = 0
