@@ -84,3 +84,15 @@ def test_generations_and_host_updates_round_trip_in_a_private_directory(tmp_path
     protocol.mark_joined(directory, 1, 5)
     protocol.mark_joined(directory, 2, 3)
     assert protocol.joined(directory, 1) == {3, 5}
+
+
+def test_elastic_keras_fit_refuses_what_it_does_not_support():
+    from tf_smb.keras_support.elastic import elastic_worker
+    assert elastic_worker(False, "async", 4) is None  # not asked: nothing checked
+    with pytest.raises(ValueError, match="needs mode='sync', got mode='async'"):
+        elastic_worker(True, "async", 1)
+    with pytest.raises(ValueError, match="needs local_replicas=1, got 2"):
+        elastic_worker(True, "sync", 2)
+    with pytest.raises(ValueError, match="commit_steps must be an integer >= 1, got 0"):
+        elastic_worker(True, "sync", 1, commit_steps=0)
+    assert elastic_worker(True, "sync", 1) is None  # no elastic launcher: members are fixed
