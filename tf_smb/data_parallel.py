@@ -617,13 +617,12 @@ class DataParallelStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         # collectives and cluster): tf.distribute.Strategy's is all we need.
         tf.distribute.Strategy.__init__(self, extended)  # pylint: disable=non-parent-init-called
 
-    def _make_elastic(self, worker: Any, commit_steps: int) -> None:
+    def _make_elastic(self, worker: Any, elastic_fit: Any) -> None:
         """Makes this strategy follow the generations of the elastic job of
-        `worker` (a tf_smb.elastic.worker.ElasticWorker), Keras `fit` committing
-        every `commit_steps` batches: see `rejoined`."""
-        from tf_smb.keras_support.elastic import ElasticFit  # pylint: disable=import-outside-toplevel
+        `worker` (a tf_smb.elastic.worker.ElasticWorker), Keras `fit` going on
+        through them by `elastic_fit` (the Keras layer's): see `rejoined`."""
         self._elastic = worker
-        self._elastic_fit = ElasticFit(self, commit_steps)
+        self._elastic_fit = elastic_fit
         self.extended._equal_at_creation = False  # pylint: disable=protected-access
         _MULTI_WORKER.add(self)
 

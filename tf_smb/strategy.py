@@ -184,7 +184,7 @@ class SMBStrategy(DataParallelStrategy):
         keras_support.install_strategy_hooks(job)
         self._setup(job, extended, gradient_clipping)
         if worker is not None:
-            self._make_elastic(worker, commit_steps)
+            self._make_elastic(worker, elastic_lib.ElasticFit(self, worker, commit_steps))
         if worker_mode.engine is not None:
             keras_support.note_async_strategy(self)  # for layers' set_weights
 

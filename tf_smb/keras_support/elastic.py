@@ -81,9 +81,9 @@ class _Commit:
 class ElasticFit:
     """One strategy's elastic `fit` (see the module)."""
 
-    def __init__(self, strategy: Any, commit_steps: int) -> None:
+    def __init__(self, strategy: Any, worker: Any, commit_steps: int) -> None:
         self.strategy = strategy
-        self.worker = strategy.elastic_worker
+        self.worker = worker  # tf_smb.elastic.worker.ElasticWorker
         self.commit_steps = commit_steps
         self._update_lock = threading.Lock()
         self._latest_update = (0, 0)  # (serial, flags) of the launcher's last host update
