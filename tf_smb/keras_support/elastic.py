@@ -216,7 +216,7 @@ def _commit_callback_class() -> Any:
             self._commit = commit
             self._records = records
             self._sync = sync
-            self._epoch = commit.epoch
+            self._epoch_now = commit.epoch
             self._skipped = commit.batch
             self._since_commit = 0
 
@@ -226,9 +226,9 @@ def _commit_callback_class() -> Any:
             self._keep(self._commit.epoch, self._commit.batch)
 
         def on_epoch_begin(self, epoch, logs=None):
-            if epoch != self._epoch:
+            if epoch != self._epoch_now:
                 self._skipped = 0
-            self._epoch = epoch
+            self._epoch_now = epoch
 
         def on_train_batch_end(self, batch, logs=None):
             changes = self._elastic.changes
@@ -239,7 +239,7 @@ def _commit_callback_class() -> Any:
             # The epoch's last batch commits at the epoch's end (after validation).
             if self._since_commit >= self._elastic.commit_steps and done != self.params.get(
                     "steps"):
-                self._commit_and_check(self._epoch, done)
+                self._commit_and_check(self._epoch_now, done)
 
         def on_epoch_end(self, epoch, logs=None):
             self._elastic.strategy.extended.stop_skipping()
