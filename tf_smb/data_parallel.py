@@ -562,7 +562,6 @@ class _SkipFirstBatches:
                  distribute: Callable[[tf.data.Dataset], Any]) -> None:
         self.count = count
         self.active = True
-        self.counted = False  # Keras' epoch iterator counts the batches left
         self.on_stop: Callable[[], None] = lambda: None
         self._skipped = distribute(dataset.skip(count))
         self._whole = distribute(dataset)

@@ -6,7 +6,7 @@ process exactly as Keras made it.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Tuple
 
 from tf_smb import keras_registry as registry
 
@@ -58,9 +58,16 @@ def check_built_in_scope(model: Any) -> None:
 def broadcast_int(strategy: Any, value: int) -> int:
     """Rank 0's `value`, on every worker of `strategy` (an eager collective:
     every worker must call it, in the same order)."""
+    return broadcast_ints(strategy, [value])[0]
+
+
+def broadcast_ints(strategy: Any, values: List[int]) -> List[int]:
+    """Rank 0's `values` (as many on every worker), in one eager collective
+    (as broadcast_int)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     collectives = strategy.extended._collectives  # pylint: disable=protected-access
-    return int(collectives.broadcast([tf.constant(value, tf.int64)], root=0)[0])
+    return [int(v) for v in collectives.broadcast(
+        [tf.constant(values, tf.int64)], root=0)[0].numpy()]
 
 
 def sum_int(strategy: Any, value: int) -> int:

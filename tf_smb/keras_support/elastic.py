@@ -32,6 +32,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from tf_smb.keras_support import _owner
+
 DEFAULT_COMMIT_STEPS = 10
 RESET_TIMEOUT_S = 600.0  # how long a worker waits for the launcher's next generation
 
@@ -98,10 +100,7 @@ class ElasticFit:
 
     # -- collectives (eager; every member calls them in the same order) --------
     def _from_rank0(self, values: List[int]) -> List[int]:
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        collectives = self.strategy.extended.collectives
-        return [int(v) for v in collectives.broadcast(
-            [tf.constant(values, tf.int64)], root=0)[0].numpy()]
+        return _owner.broadcast_ints(self.strategy, values)
 
     def tracked(self, model: Any) -> List[Any]:
         """The variables a commit holds: the model's weights (trainable or not)

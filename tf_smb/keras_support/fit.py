@@ -254,9 +254,8 @@ def _count_resumed_epoch(epoch_iterator: Any, extended: Any) -> None:
     the data's end, which the distributed iterator answers with an empty one),
     and the whole epoch's again once the skipping stops."""
     skipping = extended.skipping_dataset
-    if skipping is None or skipping.counted or epoch_iterator.steps_per_epoch:
-        return  # not the resumed training data, or one iterator runs through epochs
-    skipping.counted = True
+    if skipping is None or epoch_iterator.steps_per_epoch:
+        return  # one iterator runs through every epoch: its length is steps_per_epoch
 
     def count() -> None:
         batches = epoch_iterator.data_adapter.num_batches
