@@ -127,6 +127,7 @@ TIER_OF_FILE = {
     "test_elastic_horovod.py": FAST,
     "test_elastic_fit.py": FAST,
     "test_benchmark_elastic_smoke.py": FAST,
+    "test_elastic_nodes.py": FAST,
 }
 
 # Tests of fast files that run in --full only, each a conformance proof whose family

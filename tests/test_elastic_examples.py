@@ -7,8 +7,10 @@ processes on one machine: once training runs, the rank-0 worker is killed
 (SIGKILL), the survivor goes on alone, then a third host is discovered and its
 new worker joins; the job ends well, having trained.
 
-Not here yet: the same across the simulated nodes (elastic jobs across nodes are
-not built, docs/elastic.md).
+The same across three simulated nodes (tests/simnodes.py), one slot each, each
+generation one mpirun (docs/elastic.md, "Across nodes"): node 0's worker (rank 0)
+is killed, node 1's goes on alone from its node's commit, then node 2 is
+discovered and joins.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import time
 import pytest
 
 import harness
+import simnodes
+from test_elastic_nodes import _mpi_args
 
 sys.path.insert(0, os.path.join(harness.REPO, "tools"))
 import run_horovod_example as examples  # noqa: E402  pylint: disable=wrong-import-position
@@ -121,4 +125,65 @@ def test_elastic_example_survives_a_killed_worker_and_grows_with_an_added_host(
         text = f.read()
     assert job.returncode == 0, f"{example}: exit status {job.returncode}:\n{text[-8000:]}"
     assert "worker 0 (localhost) was killed by signal SIGKILL" in text, text[-8000:]
+    _check_trained(example, text, text[text.index("generation 2: 2 workers"):])
+
+
+def _wait_for_output(pattern: str, running: "simnodes.Running", deadline: float) -> str:
+    """A job's output in the nodes once `pattern` is in it (fails at the deadline or its end)."""
+    while True:
+        text = running.output()
+        if re.search(pattern, text):
+            return text
+        if running.proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no {pattern!r} in the job's output (exit status "
+                                 f"{running.proc.poll()}):\n{text[-6000:]}")
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_elastic_example_across_nodes_survives_a_killed_worker_and_grows(example, tmp_path):
+    args, training = EXAMPLES[example]
+    if example == "tensorflow2_keras_mnist_elastic.py":
+        # Under mpirun Keras' progress bar (carriage returns) comes out by whole
+        # epochs: kill once the second starts.
+        training = r"Epoch 2/\d+"
+    copy = examples.prepare(example, str(tmp_path), short=True)
+    nodes = simnodes.open_or_skip(nodes=3, workers=1)
+    try:
+        first, second, third = nodes.hostnames
+        hosts = tmp_path / "hosts.txt"
+        hosts.write_text(f"{first}:1\n{second}:1\n")
+        discover = tmp_path / "discover.sh"
+        discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+        discover.chmod(0o700)
+        argv = [sys.executable, "-m", "tf_smb.run", "-np", "2", "--min-np", "1",
+                "--max-np", "2", "--host-discovery-script", str(discover),
+                "--mpi-args", _mpi_args(nodes), sys.executable, copy, *args]
+        env = {k: v for k, v in harness.base_env().items()
+               if not k.startswith("TF_SMB_") and k not in harness.env_lib.LAUNCHER_VARS}
+        env.update({"TF_SMB_TIMEOUT": "120", "TF_CPP_MIN_LOG_LEVEL": "3"})
+        deadline = time.monotonic() + TIMEOUT_S
+        # One stream: the launcher's lines (stderr) between the workers' (stdout).
+        job = nodes.start(0, ["sh", "-c", 'exec "$@" 2>&1', "sh", *argv], env,
+                          cwd=str(tmp_path), owns_nodes=True, drain=True)
+        try:
+            _wait_for_output(training, job, deadline)
+            # Rank 0 of generation 0: the process its wrapper started as worker 0.
+            pid = harness.pid_with_env([p for p, _ in nodes.processes()],
+                                       "TF_SMB_WORKER_ID", "0")
+            assert pid is not None, "no worker 0 in the nodes"
+            os.kill(pid, signal.SIGKILL)
+            _wait_for_output(rf"generation 1: 1 workers \({second}\)", job, deadline)
+            with open(hosts, "a") as f:
+                f.write(f"{third}:1\n")
+            _wait_for_output(rf"generation 2: 2 workers \({second}, {third}\)", job, deadline)
+            launch = job.wait(max(1.0, deadline - time.monotonic()))
+        finally:
+            if job.proc.poll() is None:
+                job.kill()
+    finally:
+        nodes.close()
+    text = launch.stdout + launch.stderr
+    assert launch.returncode == 0, f"{example}: exit status {launch.returncode}:\n{text[-8000:]}"
+    assert f"worker rank 0 on host {first} failed (SIGKILL)" in text, text[-8000:]
     _check_trained(example, text, text[text.index("generation 2: 2 workers"):])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
 import signal
 import sys
 from typing import List, Optional, Sequence
@@ -93,6 +94,12 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                               "with each failure); without it, never")
     elastic.add_argument("--elastic-timeout", type=float, default=600.0,
                          help="how long to wait for --min-np slots (default 600 s)")
+    elastic.add_argument("--across-nodes", action="store_true",
+                         help="run each generation as one Open MPI mpirun over its hosts "
+                              "(the default when a first host is another machine)")
+    elastic.add_argument("--mpi-args", default="", metavar="ARGS",
+                         help="extra mpirun arguments across nodes, e.g. \"--mca "
+                              "btl_tcp_if_include eth0 -x MY_VAR\"")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command each worker runs")
     args = parser.parse_args(argv)
@@ -126,6 +133,13 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
             parser.error(f"--blacklist-cooldown-range needs 0 < LOW <= HIGH, got {cooldown}")
         if args.timeline or args.keep_going:
             parser.error("--timeline and --keep-going are not available in elastic jobs")
+        try:
+            args.mpi_args = shlex.split(args.mpi_args)
+        except ValueError as e:
+            parser.error(f"--mpi-args: {e}")
+    elif args.across_nodes or args.mpi_args:
+        parser.error("--across-nodes and --mpi-args are for elastic jobs (give --min-np, "
+                     "--max-np, --host-discovery-script or -H)")
     return args
 
 
@@ -153,7 +167,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 if args.blacklist_cooldown_range else None),
                 elastic_timeout=args.elastic_timeout, timeout_s=args.timeout,
                 staging_bytes=args.staging_bytes, heap_bytes=args.heap_bytes,
-                bind=args.bind_to == "core"),
+                bind=args.bind_to == "core", across_nodes=args.across_nodes,
+                mpi_args=args.mpi_args),
                 log=_log, interrupted=lambda: received[0] if received else None)
         try:
             box = _box.create_box(job_id, args.np, staging_bytes=args.staging_bytes,

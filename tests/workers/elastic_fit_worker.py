@@ -4,8 +4,8 @@ fixed order with a global batch of 24; `fit` itself is unchanged.
 
 What the test adds around it (a callback): the job's rank 0 writes each epoch it
 finished to $PROGRESS (the test's discovery script reads it), and the worker
-named by $KILL_WORKER ("worker_id:epoch:batch") kills itself (SIGKILL) at that
-batch; from epoch 3 on, 2 workers go slowly until the added host's worker joins. At the end the weights go to $OUT (.npz) from the job's rank 0, with a
+named by $KILL_WORKER ("worker_id:epoch:batch"; across nodes a worker id is a
+rank) kills itself (SIGKILL) at that batch; from epoch 3 on, 2 workers go slowly until the added host's worker joins. At the end the weights go to $OUT (.npz) from the job's rank 0, with a
 JSON line of what fit returned. Without a launcher it is the one-process
 reference.
 """
@@ -38,8 +38,10 @@ class Schedule(keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.kill and self.kill == (int(os.environ.get("TF_SMB_WORKER_ID", -1)),
-                                       self.epoch, batch):
+        # Only a process of the first generation (across nodes a later one's ranks
+        # are new processes, which may meet that worker id, epoch and batch again).
+        if self.kill and os.environ.get("TF_SMB_ELASTIC_GENERATION", "0") == "0" and (
+                self.kill == (int(os.environ.get("TF_SMB_WORKER_ID", -1)), self.epoch, batch)):
             os.kill(os.getpid(), signal.SIGKILL)
 
     def on_train_batch_end(self, batch, logs=None):

@@ -57,6 +57,8 @@ class Options:
     staging_bytes: int = 0
     heap_bytes: int = 0
     bind: bool = True  # each worker on its own block of CPUs (tf_smb.run --bind-to core)
+    across_nodes: bool = False  # each generation one mpirun (else: when a host is another machine)
+    mpi_args: Sequence[str] = ()  # extra mpirun arguments, across nodes
 
 
 def parse_hosts(lines: Sequence[str]) -> Dict[str, int]:
@@ -160,23 +162,46 @@ class Driver:
             options.max_np <= len(os.sched_getaffinity(0))) else [])
 
     # -- hosts ----------------------------------------------------------------
+    def _read_hosts(self) -> Dict[str, int]:
+        """The hosts the discovery script prints now (or -H).
+
+        Raises:
+          OSError, subprocess.SubprocessError, ValueError: the script failed.
+        """
+        if self.options.discovery_script:
+            out = subprocess.run([self.options.discovery_script], capture_output=True,
+                                 text=True, timeout=DISCOVERY_TIMEOUT_S, check=True).stdout
+            return parse_hosts(out.splitlines())
+        return parse_hosts([self.options.hosts or f"localhost:{self.options.np}"])
+
+    def hosts_now(self) -> List[str]:
+        """The host names discovery gives now (blacklist or not); [] when it fails."""
+        try:
+            return list(self._read_hosts())
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return []
+
     def _discover(self) -> Dict[str, int]:
         """The hosts now available: discovered (or given), not blacklisted."""
         if self.options.discovery_script:
             try:
-                out = subprocess.run([self.options.discovery_script], capture_output=True,
-                                     text=True, timeout=DISCOVERY_TIMEOUT_S, check=True).stdout
-                self._hosts = parse_hosts(out.splitlines())
+                self._hosts = self._read_hosts()
             except (OSError, subprocess.SubprocessError, ValueError) as e:
                 self._log(f"host discovery failed ({e}); keeping the hosts found before")
         elif not self._hosts:
-            self._hosts = parse_hosts([self.options.hosts or f"localhost:{self.options.np}"])
-        for host in self._hosts:
-            if not is_this_machine(host):
-                raise JobFailed(f"host {host!r} is not this machine: elastic jobs across "
-                                "nodes are not built yet (docs/elastic.md)")
+            self._hosts = self._read_hosts()
+        self._check_hosts(self._hosts)
         self._discovered_at = time.monotonic()
         return {h: n for h, n in self._hosts.items() if self._blacklist.allows(h)}
+
+    def _check_hosts(self, hosts: Dict[str, int]) -> None:
+        for host in hosts:
+            if not is_this_machine(host):
+                raise JobFailed(
+                    f"host {host!r} is not this machine, and this job started on this "
+                    "machine alone, where its workers move from one generation to the next "
+                    "in their processes: for a job across nodes, list another machine from "
+                    "the start or pass --across-nodes (docs/elastic.md)")
 
     def _free_slots(self, hosts: Dict[str, int],
                     staying: Sequence[_Worker]) -> List[Tuple[str, int]]:
@@ -192,13 +217,7 @@ class Driver:
         placed = [(w.host, w.slot, w) for w in staying] + [(h, s, None) for h, s in free[:room]]
         order = {h: i for i, h in enumerate(hosts)}
         placed.sort(key=lambda p: (order.get(p[0], len(order)), p[1]))
-        self._generation += 1
-        if self._generation > 0:
-            self._resets += 1
-            limit = self.options.reset_limit
-            if limit is not None and self._resets > limit:
-                raise JobFailed(f"Job has been reset {self._resets} times, exceeding the "
-                                f"reset limit ({limit}).")
+        self._next_generation()
         job_id = f"{self._job}-g{self._generation}"
         self._slots_seen = {(h, i) for h, n in self._hosts.items() for i in range(n)}
         ids = [w.id if w is not None else self._take_id() for _, _, w in placed]
@@ -217,6 +236,16 @@ class Driver:
         self._all_joined = False
         self._log(f"generation {self._generation}: {len(members)} workers "
                   f"({', '.join(f'{w.id}@{w.host}' for w in members)})")
+
+    def _next_generation(self) -> None:
+        """Counts a new generation (a reset after the first), within --reset-limit."""
+        self._generation += 1
+        if self._generation > 0:
+            self._resets += 1
+            limit = self.options.reset_limit
+            if limit is not None and self._resets > limit:
+                raise JobFailed(f"Job has been reset {self._resets} times, exceeding the "
+                                f"reset limit ({limit}).")
 
     def _take_id(self) -> int:
         self._ids_taken += 1
@@ -364,5 +393,17 @@ class Driver:
 
 def run(options: Options, log: Callable[[str], None],
         interrupted: Callable[[], Optional[int]]) -> int:
-    """Runs an elastic job; its exit status."""
+    """Runs an elastic job; its exit status. Across nodes (--across-nodes, or a
+    first host that is another machine) each generation is one mpirun
+    (tf_smb/elastic/nodes_driver.py)."""
+    across = options.across_nodes
+    if not across:
+        probe = Driver(options, log, interrupted)
+        try:
+            across = not all(is_this_machine(h) for h in probe.hosts_now())
+        finally:
+            shutil.rmtree(probe._dir, ignore_errors=True)  # pylint: disable=protected-access
+    if across:
+        from tf_smb.elastic.nodes_driver import NodesDriver  # pylint: disable=import-outside-toplevel
+        return NodesDriver(options, log, interrupted).run()
     return Driver(options, log, interrupted).run()

@@ -8,6 +8,13 @@ file renamed over the old one), so a reader sees the old or the new one.
                    were added and/or removed;
   joined-G-W       (empty) worker W joined generation G.
 
+Across nodes (each generation one `mpirun`; docs/elastic.md) the launcher and a
+rank's wrapper (tf_smb/elastic/rank.py) talk through what Open MPI carries
+anyway: the wrapper writes event lines (`rank_event`) on its standard output,
+which mpirun forwards to the launcher, and the launcher signals mpirun, which
+forwards SIGUSR1 (hosts added) and SIGUSR2 (hosts removed) to every rank; the
+wrapper keeps the files above for its worker in a directory of its own.
+
 Imports nothing of tf_smb or TensorFlow (the launcher reads and writes these too).
 """
 from __future__ import annotations
@@ -15,11 +22,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Dict, List, Optional, Set
+import shlex
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 DIR_VAR = "TF_SMB_ELASTIC_DIR"          # the directory, given to every worker
 WORKER_ID_VAR = "TF_SMB_WORKER_ID"      # this worker's id (fixed for its life)
 GENERATION_VAR = "TF_SMB_ELASTIC_GENERATION"  # the generation a worker starts in
+# Across nodes: the elastic job's id (its nodes' commit boxes are named after it).
+ACROSS_NODES_VAR = "TF_SMB_ELASTIC_ACROSS_NODES"
+# A worker across nodes exits with this when its generation ends for a change of
+# the members (the launcher starts the next one); its wrapper then exits with 0.
+NEXT_GENERATION_EXIT = 75
+RANK_EVENT_MARK = "@@tf_smb-elastic"
 
 GENERATION_FILE = "generation.json"
 HOSTS_FILE = "hosts.json"
@@ -107,3 +121,23 @@ def read_host_update(directory: str) -> Optional[HostUpdate]:
     value = _read(directory, HOSTS_FILE)
     return None if value is None else HostUpdate(int(value["serial"]), bool(value["added"]),
                                                  bool(value["removed"]))
+
+
+def rank_event(event: str, rank: int, **fields: Any) -> str:
+    """One line telling the launcher about `rank` (a wrapper writes it)."""
+    words = [RANK_EVENT_MARK, event, f"rank={rank}"] + [f"{k}={v}" for k, v in fields.items()]
+    return " ".join(shlex.quote(str(w)) for w in words)
+
+
+def parse_rank_event(line: str) -> Optional[Tuple[str, int, Dict[str, str]]]:
+    """(event, rank, fields) of a `rank_event` line (anywhere in `line`: mpirun
+    may tag it), or None for any other line."""
+    at = line.find(RANK_EVENT_MARK + " ")
+    if at < 0:
+        return None
+    try:
+        words = shlex.split(line[at:])
+        fields = dict(w.split("=", 1) for w in words[2:])
+        return words[1], int(fields.pop("rank")), fields
+    except (ValueError, IndexError, KeyError):
+        return None

@@ -3,17 +3,25 @@ generation it is in, joining the next one in this same process, and hearing of
 host updates as they come.
 
     worker = ElasticWorker.from_env()        # None outside an elastic job
-    job = worker.rejoin(timeout_s=600)       # after the members changed
+    job = worker.rejoin(timeout_s=600)       # after the members changed (one node)
+    worker.end_generation()                  # after the members changed (across nodes)
+
+Across nodes (`worker.across_nodes`) a generation is one `mpirun` and a worker
+does not move to the next one: it ends (`end_generation`), and the launcher
+starts the next generation's processes, which resume from the nodes' commit
+boxes (`worker.commit_box`, tf_smb/elastic/commit_box.py).
 """
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Callable, Dict, Mapping, Optional
 
 from tf_smb import env as env_lib
 from tf_smb.elastic import protocol
+from tf_smb.elastic.commit_box import CommitBox
 
 POLL_S = 0.05   # how often a waiting worker reads generation.json
 FOLLOW_S = 0.1  # how often hosts.json is read for updates
@@ -27,10 +35,16 @@ class WorkerRemoved(Exception):
 class ElasticWorker:
     """This process in an elastic job: its worker id and current generation."""
 
-    def __init__(self, directory: str, worker_id: int, generation: int) -> None:
+    def __init__(self, directory: str, worker_id: int, generation: int,
+                 across_nodes: str = "", local_rank: int = 0) -> None:
         self.directory = directory
         self.worker_id = worker_id
         self.generation = generation
+        # Across nodes: the elastic job's id (its commit boxes' name); "" on one node.
+        self.across_nodes = across_nodes
+        # Across nodes, each node's first rank keeps the node's commit box.
+        self.keeps_node_commit = bool(across_nodes) and local_rank == 0
+        self.commit_box = CommitBox.for_job(across_nodes) if across_nodes else None
         self._followers: Dict[int, Callable[[protocol.HostUpdate], None]] = {}
         self._follower_thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
@@ -47,7 +61,9 @@ class ElasticWorker:
             return None
         try:
             return cls(directory, int(env[protocol.WORKER_ID_VAR]),
-                       int(env.get(protocol.GENERATION_VAR, "0")))
+                       int(env.get(protocol.GENERATION_VAR, "0")),
+                       across_nodes=env.get(protocol.ACROSS_NODES_VAR, ""),
+                       local_rank=int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")))
         except (KeyError, ValueError) as e:
             raise ValueError(f"{protocol.DIR_VAR} is set, but {protocol.WORKER_ID_VAR} and "
                              f"{protocol.GENERATION_VAR} are not integers: {e}") from e
@@ -99,6 +115,31 @@ class ElasticWorker:
         self.generation = generation.number
         self.mark_joined()
         return job
+
+    def resumes(self) -> bool:
+        """Whether this process starts a later generation across nodes: it
+        resumes from the newest commit its nodes' boxes hold."""
+        return bool(self.across_nodes) and self.generation > 0
+
+    def node_commit(self) -> Optional[Dict]:
+        """This node's commit (a record of commit_box), or None."""
+        return None if self.commit_box is None else self.commit_box.read()
+
+    def keep_on_node(self, record: Dict) -> None:
+        """Across nodes, on each node's first rank: makes `record` the node's commit."""
+        if self.keeps_node_commit and self.commit_box is not None:
+            self.commit_box.write(record)
+
+    def end_generation(self) -> None:
+        """Across nodes: ends this process, its generation over (the launcher
+        starts the next one's processes). Exits at once (os._exit): MPI may not
+        finalize once a peer died, and the commit is in the node's box."""
+        sys.stdout.flush()
+        sys.stderr.write(f"tf_smb: worker {self.worker_id}: generation {self.generation} ends "
+                         "for a change of the members; the next one resumes from the last "
+                         "commit\n")  # one write: mpirun would tag a line in two pieces
+        sys.stderr.flush()
+        os._exit(protocol.NEXT_GENERATION_EXIT)  # pylint: disable=protected-access
 
     def mark_joined(self) -> None:
         """Tells the launcher this worker is in its current generation."""

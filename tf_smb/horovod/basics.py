@@ -157,7 +157,9 @@ def init(comm: Optional[Sequence[int]] = None,
         if env.get("HOROVOD_TIMELINE") and not timeline_lib.enabled():
             timeline_lib.enable(env["HOROVOD_TIMELINE"])
         elastic = bool(env.get(elastic_protocol.DIR_VAR))
-        joining = elastic and int(env.get(elastic_protocol.GENERATION_VAR, "0") or 0) > 0
+        # (Across nodes every generation is a new mpirun: all its processes are new.)
+        joining = (elastic and int(env.get(elastic_protocol.GENERATION_VAR, "0") or 0) > 0
+                   and not env.get(elastic_protocol.ACROSS_NODES_VAR))
         job = env_lib.detect()
         # A process that joins a running elastic job is on its own until its
         # state is synced with the others' (`join_pending`, at hvd.elastic.run).

@@ -29,6 +29,11 @@ function once, and a lost member fails the job as it would without `run`.
 
 Commits are kept in this process's memory (copies of the variables), not on
 disk: every worker of a synchronous job holds the same commit.
+
+Across nodes (each generation a new `mpirun`, docs/elastic.md) a commit is also
+kept in the node's commit box (shared memory; each node's first rank writes it);
+at a change the processes end, and those of the next generation, at their first
+`run`, take the newest commit their nodes hold before the sync.
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from tf_smb.elastic.commit_box import newest
 from tf_smb.elastic.worker import ElasticWorker, WorkerRemoved
 
 # HostUpdateResult's values in Horovod (bit flags).
@@ -75,6 +81,7 @@ class State:
         self._host_messages: "queue.Queue[Tuple[int, int]]" = queue.Queue()
         self._last_updated_timestamp = 0
         self._reset_callbacks: List[Callable[[], None]] = []
+        self._commits = 0  # commits so far (the same on every rank): a commit's serial
 
     def register_reset_callbacks(self, callbacks: Sequence[Callable[[], None]]) -> None:
         """Adds functions to call after each membership change (e.g. to scale
@@ -95,6 +102,10 @@ class State:
         """Saves the state in memory, then raises HostsUpdatedInterrupt on every
         rank at once if the launcher reported a host update."""
         self.save()
+        self._commits += 1
+        worker = _worker()
+        if worker is not None and worker.keeps_node_commit:
+            worker.keep_on_node({"serial": self._commits, **self.record()})
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -124,6 +135,14 @@ class State:
         """Makes every rank's state rank 0's."""
         raise NotImplementedError
 
+    def record(self) -> Dict[str, Any]:
+        """The last commit as plain values (a node's commit box keeps it)."""
+        return {}
+
+    def load(self, record: Dict[str, Any]) -> None:
+        """Makes `record` (from `record()`) the last commit and the state."""
+        self._commits = int(record.get("serial", self._commits))
+
 
 class ObjectState(State):
     """Plain attributes (keyword arguments) kept, restored and synced: Horovod's
@@ -147,6 +166,14 @@ class ObjectState(State):
         if self._saved_state:
             self._saved_state = self._bcast_object(self._saved_state)
             self._set_attrs()
+
+    def record(self) -> Dict[str, Any]:
+        return {"attrs": dict(self._saved_state)}
+
+    def load(self, record: Dict[str, Any]) -> None:
+        self._saved_state = dict(record["attrs"])
+        self._set_attrs()
+        super().load(record)
 
     def _set_attrs(self) -> None:
         for name, value in self._saved_state.items():
@@ -193,6 +220,28 @@ class TensorFlowState(ObjectState):
         # Copies in host memory: the commit survives whatever the step does next.
         self._committed = [(v, v.numpy()) for v in self._kept_variables()]
 
+    def record(self) -> Dict[str, Any]:
+        return {**super().record(), "values": [value for _, value in self._committed]}
+
+    def load(self, record: Dict[str, Any]) -> None:
+        values = record["values"]
+        variables = self._variables_for(len(values))
+        if len(variables) != len(values) or any(
+                tuple(v.shape) != tuple(getattr(x, "shape", ())) for v, x in zip(variables, values)):
+            raise ValueError(
+                "the commit this job resumes from does not fit this state: expected "
+                f"{len(variables)} values of shapes {[tuple(v.shape) for v in variables]}, "
+                f"got {len(values)} of shapes {[tuple(getattr(x, 'shape', ())) for x in values]}")
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+        self._save_variables()
+        super().load(record)
+
+    def _variables_for(self, count: int) -> List[tf.Variable]:
+        """The kept variables, made (e.g. an optimizer's) so that `count` values fit."""
+        del count
+        return self._kept_variables()
+
 
 class TensorFlowKerasState(TensorFlowState):
     """A Keras model, its optimizer and attributes: Horovod's `TensorFlowKerasState`.
@@ -208,6 +257,15 @@ class TensorFlowKerasState(TensorFlowState):
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         super().__init__(None, **kwargs)
+
+    def _variables_for(self, count: int) -> List[tf.Variable]:
+        tracked = self._kept_variables()
+        if (count > len(tracked) and self.optimizer is not None
+                and not getattr(self.optimizer, "built", True)):
+            # A new process resuming a commit made after the optimizer's first step.
+            self.optimizer.build(self.model.trainable_variables)
+            tracked = self._kept_variables()
+        return tracked
 
     def _kept_variables(self) -> List[tf.Variable]:
         tracked = list(self.model.variables)
@@ -245,6 +303,21 @@ def _reset(worker: ElasticWorker, state: State) -> None:
     _join(worker, generation.number)
 
 
+def _resume(state: State) -> None:
+    """Across nodes, in a later generation: makes the newest commit the job's
+    nodes hold this state's, on every rank (before the sync)."""
+    from tf_smb import horovod as hvd  # pylint: disable=import-outside-toplevel
+    worker = _worker()
+    record = worker.node_commit() if worker is not None else None
+    serials = hvd.allgather_object(0 if record is None else int(record["serial"]))
+    root = newest(serials)
+    if serials[root] == 0:
+        print(f"tf_smb: generation {worker.generation}: no node holds a commit of this job; "
+              "the state starts anew", file=sys.stderr, flush=True)
+        return
+    state.load(hvd.broadcast_object(record if hvd.rank() == root else None, root_rank=root))
+
+
 def _join(worker: ElasticWorker, generation: Optional[int] = None) -> None:
     """Joins the generation set aside (the others wait for this process there)."""
     from tf_smb.horovod import basics  # pylint: disable=import-outside-toplevel
@@ -267,8 +340,12 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         worker.follow_host_updates(id(state), lambda update: state.on_hosts_updated(
             update.serial, (REMOVED if update.removed else 0) | (ADDED if update.added else 0)))
         skip_sync = False
+        resume = worker.resumes()
         while True:
             try:
+                if resume:
+                    resume = False
+                    _resume(state)
                 if not skip_sync:
                     state.sync()
                 return func(state, *args, **kwargs)
@@ -282,6 +359,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync
+            if worker.across_nodes:
+                worker.end_generation()  # the launcher starts the next one
             try:
                 _reset(worker, state)
             except WorkerRemoved:

@@ -61,13 +61,20 @@ def broadcast_int(strategy: Any, value: int) -> int:
     return broadcast_ints(strategy, [value])[0]
 
 
-def broadcast_ints(strategy: Any, values: List[int]) -> List[int]:
-    """Rank 0's `values` (as many on every worker), in one eager collective
+def broadcast_ints(strategy: Any, values: List[int], root: int = 0) -> List[int]:
+    """Rank `root`'s `values` (as many on every worker), in one eager collective
     (as broadcast_int)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     collectives = strategy.extended._collectives  # pylint: disable=protected-access
     return [int(v) for v in collectives.broadcast(
-        [tf.constant(values, tf.int64)], root=0)[0].numpy()]
+        [tf.constant(values, tf.int64)], root=root)[0].numpy()]
+
+
+def sum_ints(strategy: Any, values: List[int]) -> List[int]:
+    """The element-wise sums of every worker's `values` (as many on each), eagerly."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    collectives = strategy.extended._collectives  # pylint: disable=protected-access
+    return [int(v) for v in collectives.allreduce([tf.constant(values, tf.int64)])[0].numpy()]
 
 
 def sum_int(strategy: Any, value: int) -> int:

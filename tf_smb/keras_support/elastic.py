@@ -22,6 +22,12 @@ the commit. A process that joins a running job does the same from its first
 `fit`. The global batch is the one the data has: each generation splits it over
 its members, so the job trains on the same sequence of global batches as one
 process would.
+
+Across nodes (each generation a new `mpirun`, docs/elastic.md) each node's first
+rank also keeps every commit in the node's commit box (shared memory); at a
+change the processes end instead of joining the next generation, and the next
+generation's processes start their first try from the newest commit their
+nodes hold.
 """
 from __future__ import annotations
 
@@ -91,6 +97,8 @@ class ElasticFit:
         self._latest_update = (0, 0)  # (serial, flags) of the launcher's last host update
         self._handled_update = 0
         self._following = False
+        self._root = 0  # whose variables, epoch and batch a try starts from
+        self._resumed: Optional[Dict[str, Any]] = None  # the commit resumed, on its holder
         # What elastic training cost this process (benchmarks/elastic.py reads them):
         # each commit's seconds (copies and the host-update check), and for each change
         # of the members its cause, when it was caught (time.time()) and the seconds
@@ -101,6 +109,28 @@ class ElasticFit:
     # -- collectives (eager; every member calls them in the same order) --------
     def _from_rank0(self, values: List[int]) -> List[int]:
         return _owner.broadcast_ints(self.strategy, values)
+
+    def _from_root(self, values: List[int]) -> List[int]:
+        return _owner.broadcast_ints(self.strategy, values, root=self._root)
+
+    def _resume_point(self) -> Optional[_Commit]:
+        """Across nodes, in a later generation: the newest commit the job's nodes
+        hold (its epoch and batch; its holder, `_root`, keeps its values for
+        `sync_variables`), or None when no node holds one."""
+        record = self.worker.node_commit()
+        size, rank = self.strategy.size, self.strategy.rank
+        mine = 0 if record is None else int(record["serial"])
+        serials = _owner.sum_ints(self.strategy, [mine if r == rank else 0 for r in range(size)])
+        from tf_smb.elastic.commit_box import newest  # pylint: disable=import-outside-toplevel
+        self._root = newest(serials)
+        if serials[self._root] == 0:
+            print(f"tf_smb: generation {self.worker.generation}: no node holds a commit of "
+                  "this job; training starts anew", file=sys.stderr, flush=True)
+            return None
+        self._resumed = record if rank == self._root else None
+        epoch, batch = self._from_root([0, 0] if record is None else
+                                       [int(record["epoch"]), int(record["batch"])])
+        return _Commit(epoch, batch)
 
     def tracked(self, model: Any) -> List[Any]:
         """The variables a commit holds: the model's weights (trainable or not)
@@ -115,14 +145,25 @@ class ElasticFit:
         return variables
 
     def sync_variables(self, model: Any) -> None:
-        """Every member's variables become rank 0's."""
+        """Every member's variables become rank 0's (the resumed commit's holder's)."""
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         variables = self.tracked(model)
-        if self.strategy.size > 1 and variables:
-            values = self.strategy.extended.collectives.broadcast(
-                [tf.convert_to_tensor(v) for v in variables], root=0)
+        if self._resumed is not None:
+            values, self._resumed = self._resumed["values"], None
+            if len(values) != len(variables) or any(
+                    tuple(v.shape) != tuple(x.shape) for v, x in zip(variables, values)):
+                raise ValueError(
+                    "the commit this job resumes from does not fit the model: expected "
+                    f"{len(variables)} values of shapes {[tuple(v.shape) for v in variables]},"
+                    f" got {len(values)} of shapes {[tuple(x.shape) for x in values]}")
             for variable, value in zip(variables, values):
                 variable.assign(value)
+        if self.strategy.size > 1 and variables:
+            values = self.strategy.extended.collectives.broadcast(
+                [tf.convert_to_tensor(v) for v in variables], root=self._root)
+            for variable, value in zip(variables, values):
+                variable.assign(value)
+        self._root = 0
 
     def check_host_updates(self) -> None:
         """Raises _HostsUpdated on every member at once when rank 0 heard of a
@@ -156,9 +197,13 @@ class ElasticFit:
         commit = _Commit(first_epoch, 0)
         records: Dict[int, Dict[str, Any]] = {}
         sync = True
+        resume = self.worker.resumes()
         while True:
             try:
-                if sync:
+                if resume:
+                    resume = False
+                    commit = self._resume_point() or commit
+                elif sync:
                     commit.epoch, commit.batch = self._from_rank0([commit.epoch, commit.batch])
                 skip = commit.batch
                 if steps_per_epoch:  # one iterator for every epoch: skip the epochs too
@@ -182,6 +227,8 @@ class ElasticFit:
                 sync = True
             finally:
                 self.strategy.extended.skip_batches(0)
+            if self.worker.across_nodes:
+                self.worker.end_generation()  # the launcher starts the next one
             try:
                 job = self.worker.rejoin(RESET_TIMEOUT_S)
             except WorkerRemoved:
@@ -256,6 +303,10 @@ def _commit_callback_class() -> Any:
             self._commit.epoch, self._commit.batch = epoch, batch
             # Copies in host memory: the commit survives whatever the next step does.
             self._commit.values = [v.numpy() for v in self._elastic.tracked(self.model)]
+            worker = self._elastic.worker
+            if worker.keeps_node_commit:  # across nodes: the node's box outlives us
+                worker.keep_on_node({"serial": (epoch << 32) + batch + 1, "epoch": epoch,
+                                     "batch": batch, "values": self._commit.values})
 
     return CommitCallback
 
