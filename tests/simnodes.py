@@ -496,6 +496,14 @@ class SimulatedNodes:
         """`mpirun` across the nodes, `per_node` slots each (see layout), ranks
         filling node 0 first; forwards the `forward` variables to every rank (-x)."""
         hostfile = self.hostfile(per_node)
+        out = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--tag-output",
+               "-np", str(np_), "--hostfile", hostfile, *self.mpirun_options(extra_mca)]
+        for name in dict.fromkeys(forward):
+            out += ["-x", name]
+        return out + list(argv)
+
+    def mpirun_options(self, extra_mca: Sequence[Tuple[str, str]] = ()) -> List[str]:
+        """What mpirun needs to run across the nodes (also tf_smb.run --mpi-args)."""
         mca = [("plm_rsh_agent", f"{AGENT} {self.agent_map}"),
                ("btl", "tcp,self,vader"), ("btl_tcp_if_include", self.cidr),
                ("oob_tcp_if_include", self.cidr), ("mpi_yield_when_idle", "1"),
@@ -504,13 +512,10 @@ class SimulatedNodes:
         # the simulated nodes share this machine's cores, so one rank per node
         # would put every rank on the same core (half speed at 2 x 1); real nodes
         # each have their own core 0.
-        out = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--tag-output",
-               "--bind-to", "none", "-np", str(np_), "--hostfile", hostfile]
+        out = ["--bind-to", "none"]
         for key, value in mca:
             out += ["--mca", key, value]
-        for name in dict.fromkeys(forward):
-            out += ["-x", name]
-        return out + list(argv)
+        return out
 
     def start_mpirun(self, np_: int, per_node: "Optional[int | Sequence[int]]", argv: Sequence[str],
                      env: Optional[Mapping[str, str]] = None,

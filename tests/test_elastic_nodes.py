@@ -10,9 +10,12 @@ global batches.
 """
 import json
 import os
+import shlex
+import shutil
 import sys
 
 import numpy as np
+import pytest
 
 import harness
 import simnodes
@@ -22,10 +25,8 @@ TIMEOUT_S = 420.0
 
 
 def _mpi_args(nodes):
-    """What mpirun needs inside the simulated nodes (as SimulatedNodes.mpirun_argv)."""
-    return (f"--bind-to none --mca plm_rsh_agent '{simnodes.AGENT} {nodes.agent_map}' "
-            f"--mca btl tcp,self,vader --mca btl_tcp_if_include {nodes.cidr} "
-            f"--mca oob_tcp_if_include {nodes.cidr} --mca mpi_yield_when_idle 1")
+    """tf_smb.run's --mpi-args inside the simulated nodes."""
+    return shlex.join(nodes.mpirun_options())
 
 
 def test_fit_across_nodes_through_a_lost_node_and_an_added_one_equals_one_process(tmp_path):
@@ -68,3 +69,156 @@ def test_fit_across_nodes_through_a_lost_node_and_an_added_one_equals_one_proces
     elastic, reference = _weights(tmp_path / "elastic.npz"), _weights(tmp_path / "one.npz")
     for got, want in zip(elastic, reference):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+# -- the pieces, without mpirun ------------------------------------------------------
+
+def test_commit_box_keeps_the_last_whole_commit_private_and_refuses_others_files(tmp_path):
+    from tf_smb.elastic.commit_box import CommitBox, newest
+    box = CommitBox.for_job("job-1.g", directory=str(tmp_path))
+    assert box.read() is None and box.serial() == 0
+    box.write({"serial": 3, "values": [np.arange(4.0)]})
+    box.write({"serial": 4, "values": [np.ones(2)]})
+    assert box.serial() == 4 and np.array_equal(box.read()["values"][0], np.ones(2))
+    assert os.stat(box.path).st_mode & 0o777 == 0o600
+    assert os.listdir(tmp_path) == [os.path.basename(box.path)]  # no temporary left
+    with pytest.raises(ValueError, match="int 'serial'"):
+        box.write({"values": []})
+    with pytest.raises(ValueError, match="letters, digits"):
+        CommitBox.for_job("../x", directory=str(tmp_path))
+    os.chmod(box.path, 0o644)
+    with pytest.raises(PermissionError, match="not this user's private file"):
+        box.read()
+    box.unlink()
+    box.unlink()  # gone already: fine
+    assert box.read() is None
+    assert newest([0, 5, 7, 7]) == 2 and newest([0, 0]) == 0 and newest([4]) == 0
+
+
+def test_rank_events_survive_mpirun_tags_and_odd_host_names():
+    from tf_smb.elastic import protocol
+    line = protocol.rank_event("exit", 3, code=-9, host="node a", signal="SIGKILL")
+    assert protocol.parse_rank_event(line) == (
+        "exit", 3, {"code": "-9", "host": "node a", "signal": "SIGKILL"})
+    assert protocol.parse_rank_event("[1,3]<stdout>:" + line)[1] == 3
+    assert protocol.parse_rank_event("an ordinary line") is None
+    assert protocol.parse_rank_event(protocol.RANK_EVENT_MARK + " exit rank=x") is None
+
+
+CHILD = """
+import json, os, sys, time
+d = os.environ["TF_SMB_ELASTIC_DIR"]
+generation = json.load(open(os.path.join(d, "generation.json")))
+assert generation["number"] == 2 and generation["members"] == [0, 1, 2], generation
+assert os.environ["TF_SMB_WORKER_ID"] == "1"
+open(os.path.join(d, "joined-2-1"), "w").close()
+deadline = time.time() + 60
+while not os.path.exists(os.path.join(d, "hosts.json")):
+    assert time.time() < deadline, "no host update"
+    time.sleep(0.05)
+print("update", open(os.path.join(d, "hosts.json")).read(), flush=True)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("child_exit,wrapper_exit", [(75, 0), (0, 0), (3, 1), (-9, 1)])
+def test_rank_wrapper_reports_its_worker_and_passes_host_updates_on(
+        tmp_path, child_exit, wrapper_exit):
+    import signal
+    import subprocess
+    import time
+    from tf_smb.elastic import protocol
+    script = tmp_path / "child.py"
+    code = CHILD if child_exit >= 0 else CHILD.replace(
+        "sys.exit(int(sys.argv[1]))", "os.kill(os.getpid(), 9)")
+    script.write_text(code)
+    env = dict(harness.base_env(), OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="3",
+               TF_SMB_ELASTIC_GENERATION="2")
+    wrapper = subprocess.Popen([sys.executable, "-m", "tf_smb.elastic.rank", "--",
+                                sys.executable, str(script), str(child_exit)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env, cwd=harness.REPO)
+    events = []
+    try:
+        for line in wrapper.stdout:
+            event = protocol.parse_rank_event(line)
+            if event is not None:
+                events.append(event)
+                if event[0] == "joined":
+                    time.sleep(0.2)
+                    wrapper.send_signal(signal.SIGUSR1)  # as mpirun forwards it
+            elif line.startswith("update"):
+                assert '"added": true' in line and '"serial": 1' in line, line
+        assert wrapper.wait(60) == wrapper_exit, wrapper.stderr.read()
+    finally:
+        wrapper.kill()
+    names = [e[0] for e in events]
+    assert names == ["started", "joined", "exit"], events
+    assert all(e[1] == 1 for e in events), events
+    assert events[2][2]["code"] == str(child_exit), events
+    if child_exit < 0:
+        assert events[2][2]["signal"] == "SIGKILL", events
+
+
+@pytest.fixture(name="nodes_driver")
+def _nodes_driver():
+    """A NodesDriver on hosts a:2, b:1, c:1 (never started), and its log."""
+    from tf_smb.elastic.driver import Options
+    from tf_smb.elastic.nodes_driver import NodesDriver
+    log = []
+    driver = NodesDriver(Options(command=["train"], np=2, min_np=1, max_np=4,
+                                 hosts="a:2,b:1,c:1", mpi_args=["--mca", "btl", "tcp,self"]),
+                         log=log.append, interrupted=lambda: None)
+    driver._hosts = driver._discover()  # pylint: disable=protected-access
+    yield driver, log
+    shutil.rmtree(driver._dir, ignore_errors=True)
+
+
+def test_nodes_driver_decides_from_the_ranks_reports(nodes_driver):
+    from tf_smb.elastic.driver import JobFailed
+    driver, log = nodes_driver
+    ranks = ["a", "a", "b", "c"]
+    exit_ = lambda code, **kw: {"code": str(code), **kw}  # noqa: E731
+    everyone = set(range(4))
+    # A rank killed: its host is blacklisted, the others (stopped by mpirun) are not.
+    assert driver._outcome(ranks, everyone, {2: exit_(-9, signal="SIGKILL"),
+                                             0: exit_(75), 1: exit_(-15, stopped="1")}, 1) is None
+    assert not driver._blacklist.allows("b") and driver._blacklist.allows("a")
+    assert "worker rank 2 on host b failed (SIGKILL)" in log[-1]
+    # Everyone stopped at a commit for a host update: next generation, nobody blamed.
+    assert driver._outcome(ranks, everyone, {r: exit_(75) for r in range(4)}, 0) is None
+    assert driver._blacklist.allows("c")
+    # Ranks that never said how they ended while mpirun failed: their node is lost.
+    assert driver._outcome(ranks, everyone, {0: exit_(75), 1: exit_(75), 2: exit_(75)}, 1) is None
+    assert not driver._blacklist.allows("c") and "c" in driver._lost
+    # Done: every rank ended with 0.
+    assert driver._outcome(ranks, everyone, {r: exit_(0) for r in range(4)}, 0) == 0
+    with pytest.raises(JobFailed, match=r"training ended on ranks \[0, 1\], but ranks \[2\]"):
+        driver._outcome(ranks, everyone, {0: exit_(0), 1: exit_(0), 2: exit_(1)}, 1)
+    with pytest.raises(JobFailed, match="started no worker of generation"):
+        driver._outcome(ranks, set(), {}, 1)
+    with pytest.raises(JobFailed, match="no host is left"):
+        driver._outcome(["a", "a"], {0, 1}, {0: exit_(1), 1: exit_(1)}, 1)
+
+
+def test_nodes_driver_mpirun_line(nodes_driver, monkeypatch):
+    driver, _ = nodes_driver
+    monkeypatch.setenv("OMPI_MCA_foo", "1")
+    monkeypatch.setenv("MY_SETTING", "x y")
+    env, forward = driver._env()
+    assert "MY_SETTING" in forward and "PATH" in forward
+    assert not [n for n in forward if n.startswith(("OMPI_", "PMIX_", "SLURM_"))], forward
+    assert env["TF_SMB_ELASTIC_ACROSS_NODES"] == driver._job
+    argv = driver._argv(["a", "a", "b"], forward)
+    assert argv[argv.index("-H") + 1] == "a:2,b:1" and argv[argv.index("-np") + 1] == "3"
+    assert argv[argv.index("--map-by") + 1] == "slot"
+    assert argv[-4:] == ["-m", "tf_smb.elastic.rank", "--", "train"]
+    assert ["--mca", "btl", "tcp,self"] == argv[argv.index("--mca"):argv.index("--mca") + 3]
+
+
+def test_launcher_refuses_mpi_args_outside_elastic_jobs(capsys):
+    from tf_smb import run
+    assert run.main(["-np", "2", "--mpi-args", "-x A", "true"]) == 2
+    assert "--across-nodes and --mpi-args are for elastic jobs" in capsys.readouterr().err
+    assert run.main(["-np", "1", "-H", "localhost:1", "--mpi-args", "'", "true"]) == 2
+    assert "--mpi-args" in capsys.readouterr().err

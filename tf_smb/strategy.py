@@ -181,7 +181,7 @@ class SMBStrategy(DataParallelStrategy):
             layout = local_replicas_lib.ReplicaThreads(
                 devices, timeout_s if timeout_s is not None else smb_ops.DEFAULT_TIMEOUT_S)
         extended = DataParallelExtended(self, job, collectives, layout=layout, mode=worker_mode)
-        keras_support.install_strategy_hooks(job)
+        keras_support.install_strategy_hooks(job, elastic=worker is not None)
         self._setup(job, extended, gradient_clipping)
         if worker is not None:
             self._make_elastic(worker, elastic_lib.ElasticFit(self, worker, commit_steps))

@@ -118,8 +118,9 @@ def epoch_timer():
 
 
 def killer(plan: str):
-    """A Keras callback by which elastic worker W (TF_SMB_WORKER_ID) kills itself
-    (SIGKILL) at epoch E, batch B (`plan` "W:E:B"), first printing the time."""
+    """A Keras callback by which elastic worker W (TF_SMB_WORKER_ID; across nodes a
+    rank) of the first generation kills itself (SIGKILL) at epoch E, batch B (`plan`
+    "W:E:B"), first printing the time."""
     import keras
     import signal
     worker, epoch, batch = (int(v) for v in plan.split(":"))
@@ -134,7 +135,8 @@ def killer(plan: str):
 
         def on_train_batch_begin(self, batch_now, logs=None) -> None:
             if (int(os.environ.get("TF_SMB_WORKER_ID", -1)), self.epoch, batch_now) == (
-                    worker, epoch, batch):
+                    worker, epoch, batch) and os.environ.get(
+                        "TF_SMB_ELASTIC_GENERATION", "0") == "0":
                 common.print_result({"kind": "killed", "at": time.time()})
                 os.kill(os.getpid(), signal.SIGKILL)
 

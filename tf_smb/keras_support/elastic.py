@@ -102,7 +102,8 @@ class ElasticFit:
         # What elastic training cost this process (benchmarks/elastic.py reads them):
         # each commit's seconds (copies and the host-update check), and for each change
         # of the members its cause, when it was caught (time.time()) and the seconds
-        # from then to the first step done in the next generation.
+        # from then to the first step done in the next generation (across nodes, a
+        # process of a later generation records "resumed": from its resume on).
         self.commit_seconds: List[float] = []
         self.changes: List[Dict[str, Any]] = []
 
@@ -202,6 +203,7 @@ class ElasticFit:
             try:
                 if resume:
                     resume = False
+                    self.changes.append({"cause": "resumed", "caught_at": time.time()})
                     commit = self._resume_point() or commit
                 elif sync:
                     commit.epoch, commit.batch = self._from_rank0([commit.epoch, commit.batch])
@@ -279,7 +281,8 @@ def _commit_callback_class() -> Any:
         def on_train_batch_end(self, batch, logs=None):
             changes = self._elastic.changes
             if changes and "resumed_s" not in changes[-1]:  # the first step since a change
-                changes[-1]["resumed_s"] = time.time() - changes[-1]["caught_at"]
+                changes[-1]["stepped_at"] = time.time()
+                changes[-1]["resumed_s"] = changes[-1]["stepped_at"] - changes[-1]["caught_at"]
             self._since_commit += 1
             done = self._skipped + batch + 1
             # The epoch's last batch commits at the epoch's end (after validation).

@@ -13,11 +13,12 @@ def check_hooks() -> None:
     registry.check()
 
 
-def install_strategy_hooks(job: Any) -> None:
+def install_strategy_hooks(job: Any, elastic: bool = False) -> None:
     """What every tf_smb strategy of `job` (an env.JobInfo) needs of Keras before
     it runs: clipping after the sum and loss-scale skips decided together
-    (optimizer.py), the model-build marker (fit.py), and, with 2+ workers,
-    rank 0 alone writing model files (idempotent)."""
+    (optimizer.py), the model-build marker (fit.py), and, with 2+ workers or
+    in an elastic job (whose size may grow; its fit goes through the fit hook
+    also at one worker), the hooks of `install` (idempotent)."""
     # pylint: disable=import-outside-toplevel
     from tf_smb.keras_support.fit import install_build_hook
     from tf_smb.keras_support.optimizer import install_optimizer_hooks
@@ -25,7 +26,7 @@ def install_strategy_hooks(job: Any) -> None:
     registry.check()
     install_optimizer_hooks()
     install_build_hook()
-    if job.size > 1:
+    if job.size > 1 or elastic:
         saves_on_rank0_only(job.rank)
 
 
