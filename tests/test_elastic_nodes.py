@@ -71,6 +71,56 @@ def test_fit_across_nodes_through_a_lost_node_and_an_added_one_equals_one_proces
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
+
+def test_fit_across_nodes_through_a_node_lost_whole_and_one_removed_equals_one_process(
+        tmp_path):
+    """3 nodes of one worker: node 1 dies whole (every process in it, mpirun's daemon
+    too: no rank there says how it ended) once epoch 0 is done: 3 -> 2, back to the
+    last commit; then discovery drops node 2 (removed gracefully: 2 -> 1 at a
+    commit, no rollback). The weights equal one process's."""
+    import time
+    one = harness.run_single([WORKER], TIMEOUT_S, env={"OUT": str(tmp_path / "one.npz")})
+    one.check()
+    nodes = simnodes.open_or_skip(nodes=3, workers=1)
+    try:
+        progress = tmp_path / "progress"
+        discover = tmp_path / "discover.sh"
+        first, second, third = nodes.hostnames
+        # Node 2 goes once epoch 3 is done.
+        discover.write_text(
+            f"#!/bin/sh\necho {first}:1\necho {second}:1\n"
+            f"awk '$1 >= 3' {progress} 2>/dev/null | grep -q . || echo {third}:1\n"
+            "exit 0\n")
+        discover.chmod(0o700)
+        argv = [sys.executable, "-m", "tf_smb.run", "-np", "3", "--min-np", "1",
+                "--max-np", "3", "--host-discovery-script", str(discover),
+                "--mpi-args", _mpi_args(nodes), sys.executable, WORKER]
+        env = {k: v for k, v in harness.base_env().items()
+               if not k.startswith("TF_SMB_") and k not in harness.env_lib.LAUNCHER_VARS}
+        env.update({"OUT": str(tmp_path / "elastic.npz"), "PROGRESS": str(progress),
+                    "STEP_SLEEP": "0.1", "TF_SMB_TIMEOUT": "60"})
+        job = nodes.start(0, argv, env, owns_nodes=True, drain=True)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (progress.exists() and progress.read_text().strip()):
+            assert job.proc.poll() is None and time.monotonic() < deadline, job.output()[-8000:]
+            time.sleep(0.1)
+        killed = nodes.kill_in_node(1, "")  # the node dies: its processes at once
+        assert killed, "nothing ran in node 1"
+        launch = job.wait(max(1.0, deadline - time.monotonic()))
+    finally:
+        nodes.close()
+    out = launch.stdout + launch.stderr
+    assert launch.returncode == 0, out[-10000:]
+    assert f"ranks [1] ({second}) ended without a word" in out, out[-10000:]
+    assert (f"generation 1: 2 workers ({first}, {third})" in out
+            and "hosts removed; the workers stop at their next commit" in out
+            and f"generation 2: 1 workers ({first})" in out), out[-10000:]
+    sizes = [int(line.split()[1]) for line in progress.read_text().splitlines()]
+    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 1, sizes
+    elastic, reference = _weights(tmp_path / "elastic.npz"), _weights(tmp_path / "one.npz")
+    for got, want in zip(elastic, reference):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
 # -- the pieces, without mpirun ------------------------------------------------------
 
 def test_commit_box_keeps_the_last_whole_commit_private_and_refuses_others_files(tmp_path):
@@ -93,6 +143,25 @@ def test_commit_box_keeps_the_last_whole_commit_private_and_refuses_others_files
     box.unlink()  # gone already: fine
     assert box.read() is None
     assert newest([0, 5, 7, 7]) == 2 and newest([0, 0]) == 0 and newest([4]) == 0
+
+
+def test_node_commit_is_written_behind_training_and_its_failure_is_not_silent(tmp_path):
+    from tf_smb.elastic.commit_box import CommitBox
+    from tf_smb.elastic.worker import ElasticWorker
+    worker = ElasticWorker(str(tmp_path), 0, 1, across_nodes="job7", local_rank=0)
+    assert worker.resumes() and worker.keeps_node_commit
+    worker.commit_box = CommitBox(str(tmp_path / "box"))
+    worker.keep_on_node({"serial": 1, "values": [np.zeros(3)]})
+    worker.keep_on_node({"serial": 2, "values": [np.ones(3)]})  # waits for the first
+    worker.flush_node_commit()
+    assert worker.node_commit()["serial"] == 2
+    worker.commit_box = CommitBox(str(tmp_path / "missing" / "box"))
+    worker.keep_on_node({"serial": 3, "values": []})
+    with pytest.raises(RuntimeError, match="could not keep the commit"):
+        worker.flush_node_commit()
+    other = ElasticWorker(str(tmp_path), 1, 1, across_nodes="job7", local_rank=1)
+    other.keep_on_node({"serial": 4, "values": []})  # not the node's first rank: nothing
+    assert not other.keeps_node_commit and other.node_commit() is None
 
 
 def test_rank_events_survive_mpirun_tags_and_odd_host_names():

@@ -1,11 +1,14 @@
 """A Keras `fit` script with SMBStrategy(elastic=True), for elastic jobs whose
-members change (tests/test_elastic_fit.py): a seeded MLP, Adam, arrays in a
-fixed order with a global batch of 24; `fit` itself is unchanged.
+members change (tests/test_elastic_fit.py, tests/test_elastic_nodes.py): a seeded
+MLP, Adam, arrays in a fixed order with a global batch of 24; `fit` itself is
+unchanged.
 
 What the test adds around it (a callback): the job's rank 0 writes each epoch it
 finished to $PROGRESS (the test's discovery script reads it), and the worker
 named by $KILL_WORKER ("worker_id:epoch:batch"; across nodes a worker id is a
-rank) kills itself (SIGKILL) at that batch; from epoch 3 on, 2 workers go slowly until the added host's worker joins. At the end the weights go to $OUT (.npz) from the job's rank 0, with a
+rank) kills itself (SIGKILL) at that batch; from epoch 3 on, 2 workers go slowly
+until the added host's worker joins, and every step sleeps $STEP_SLEEP seconds
+when set. At the end the weights go to $OUT (.npz) from the job's rank 0, with a
 JSON line of what fit returned. Without a launcher it is the one-process
 reference.
 """
@@ -49,6 +52,8 @@ class Schedule(keras.callbacks.Callback):
         # before the job ends; the result does not depend on when).
         if self.epoch >= JOIN_EPOCH and self.strategy.size == 2 and os.environ.get("PROGRESS"):
             time.sleep(0.2)
+        # Every step this long ($STEP_SLEEP s): room for a test to act from outside.
+        time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
 
     def on_epoch_end(self, epoch, logs=None):
         if self.strategy.rank == 0 and os.environ.get("PROGRESS"):

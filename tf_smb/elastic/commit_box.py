@@ -89,11 +89,15 @@ class CommitBox:
         return 0 if record is None else int(record["serial"])
 
     def unlink(self) -> None:
-        """Removes this node's commit (the job is done)."""
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        """Removes this node's commit (the job is done), and what a process killed
+        while writing one left."""
+        directory, name = os.path.split(self.path)
+        for entry in os.listdir(directory):
+            if entry == name or (entry.startswith(name + ".") and entry.endswith(".tmp")):
+                try:
+                    os.unlink(os.path.join(directory, entry))
+                except FileNotFoundError:
+                    pass
 
 
 def newest(serials: Sequence[int]) -> int:

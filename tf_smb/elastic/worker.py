@@ -13,6 +13,7 @@ boxes (`worker.commit_box`, tf_smb/elastic/commit_box.py).
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -45,6 +46,9 @@ class ElasticWorker:
         # Across nodes, each node's first rank keeps the node's commit box.
         self.keeps_node_commit = bool(across_nodes) and local_rank == 0
         self.commit_box = CommitBox.for_job(across_nodes) if across_nodes else None
+        self._writer: Optional[threading.Thread] = None  # the node commit being written
+        self._write_error: Optional[BaseException] = None
+        self._flush_at_exit = False
         self._followers: Dict[int, Callable[[protocol.HostUpdate], None]] = {}
         self._follower_thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
@@ -126,14 +130,51 @@ class ElasticWorker:
         return None if self.commit_box is None else self.commit_box.read()
 
     def keep_on_node(self, record: Dict) -> None:
-        """Across nodes, on each node's first rank: makes `record` the node's commit."""
-        if self.keeps_node_commit and self.commit_box is not None:
+        """Across nodes, on each node's first rank: makes `record` (whose values
+        nothing changes afterwards) the node's commit, written by a thread while
+        training goes on (one write at a time: a commit waits for the one before).
+
+        Raises:
+          RuntimeError: the commit before could not be written (e.g. /dev/shm full).
+        """
+        if not self.keeps_node_commit or self.commit_box is None:
+            return
+        if not self._flush_at_exit:
+            self._flush_at_exit = True
+            atexit.register(self.flush_node_commit)  # a normal exit writes the last one
+        self.flush_node_commit()
+        self._writer = threading.Thread(target=self._write_node_commit, args=(record,),
+                                        name="tf_smb-commit-box", daemon=True)
+        self._writer.start()
+
+    def _write_node_commit(self, record: Dict) -> None:
+        try:
             self.commit_box.write(record)
+        except BaseException as e:  # pylint: disable=broad-except  (raised by flush)
+            self._write_error = e
+
+    def flush_node_commit(self) -> None:
+        """Waits until the node's last commit is written.
+
+        Raises:
+          RuntimeError: it could not be written.
+        """
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.join()
+        error, self._write_error = self._write_error, None
+        if error is not None:
+            raise RuntimeError(f"tf_smb: could not keep the commit in this node's commit box "
+                               f"{self.commit_box.path}: {error}") from error
 
     def end_generation(self) -> None:
         """Across nodes: ends this process, its generation over (the launcher
         starts the next one's processes). Exits at once (os._exit): MPI may not
         finalize once a peer died, and the commit is in the node's box."""
+        try:
+            self.flush_node_commit()
+        except RuntimeError as e:  # the next generation resumes from the commit before
+            sys.stderr.write(f"{e}\n")
         sys.stdout.flush()
         sys.stderr.write(f"tf_smb: worker {self.worker_id}: generation {self.generation} ends "
                          "for a change of the members; the next one resumes from the last "

@@ -37,6 +37,7 @@ at a change the processes end, and those of the next generation, at their first
 """
 from __future__ import annotations
 
+import copy
 import functools
 import queue
 import sys
@@ -168,7 +169,8 @@ class ObjectState(State):
             self._set_attrs()
 
     def record(self) -> Dict[str, Any]:
-        return {"attrs": dict(self._saved_state)}
+        # A copy: the node's commit is written while the attributes may change.
+        return {"attrs": copy.deepcopy(self._saved_state)}
 
     def load(self, record: Dict[str, Any]) -> None:
         self._saved_state = dict(record["attrs"])
