@@ -2,11 +2,14 @@
 mpirun, resuming from the nodes' commit boxes (docs/elastic.md, "Across nodes").
 
 Keras `fit` with SMBStrategy(elastic=True), unchanged (tests/workers/
-elastic_fit_worker.py), under `tf_smb.run` in node 0: 4 workers on nodes 0 and 1
-(2 each); a worker on node 1 is SIGKILLed mid-epoch (node 1 is blacklisted:
-4 -> 2, the next mpirun resumes from the commit before), then discovery adds
-node 2 (2 -> 3, at a commit). The weights equal one process's on the same
-global batches.
+elastic_fit_worker.py), under `tf_smb.run` in node 0, equal to one process's on the
+same global batches (1e-5):
+  * fast: 4 workers on nodes 0 and 1 (2 each); a worker on node 1 is SIGKILLed
+    mid-epoch (node 1 is blacklisted: 4 -> 2, the next mpirun resumes from the
+    commit before), then discovery adds node 2 (2 -> 3, at a commit);
+  * --full: a node lost whole, then one removed gracefully (3 -> 2 -> 1).
+Then the pieces without mpirun: the commit box, the rank wrapper, the driver's
+decisions and its mpirun line.
 """
 import json
 import os
