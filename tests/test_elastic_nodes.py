@@ -167,6 +167,56 @@ def test_node_commit_is_written_behind_training_and_its_failure_is_not_silent(tm
     assert not other.keeps_node_commit and other.node_commit() is None
 
 
+STATE_RECORD = """
+import json
+import keras
+import numpy as np
+from tf_smb.horovod import elastic
+
+def model_and_optimizer(seed):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    return model, keras.optimizers.Adam(0.1)
+
+model, opt = model_and_optimizer(1)
+x, y = np.ones((4, 3), "float32"), np.zeros((4, 2), "float32")
+model.compile(opt, "mse")
+model.fit(x, y, verbose=0)  # the optimizer is built, its moments move
+state = elastic.TensorFlowKerasState(model, opt, epoch=3, batch=5)
+state.save()
+state._commits = 7
+record = state.record()
+# A new process of the next generation: a fresh model, its optimizer not built.
+fresh, fresh_opt = model_and_optimizer(2)
+resumed = elastic.TensorFlowKerasState(fresh, fresh_opt, epoch=0, batch=0)
+resumed.load(record)
+same = all(np.array_equal(a, b) for a, b in zip(
+    [v.numpy() for v in model.variables + list(opt.variables)],
+    [v.numpy() for v in fresh.variables + list(fresh_opt.variables)]))
+try:
+    resumed.load({**record, "values": record["values"][:1]})
+    refused = ""
+except ValueError as e:
+    refused = str(e)
+print(json.dumps({"same": same, "built": fresh_opt.built, "epoch": resumed.epoch,
+                  "batch": resumed.batch, "commits": resumed._commits,
+                  "refused": refused[:80]}))
+"""
+
+
+def test_horovod_states_record_and_load_a_commit_as_a_new_process_would(tmp_path):
+    """What a node's commit box keeps of Horovod's Keras state, and how a process of
+    the next generation loads it (its optimizer built first)."""
+    script = tmp_path / "state_record.py"
+    script.write_text(STATE_RECORD)
+    result = harness.run_single([str(script)], 300)
+    result.check()
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out == {"same": True, "built": True, "epoch": 3, "batch": 5, "commits": 7,
+                   "refused": out["refused"]}, out
+    assert out["refused"].startswith("the commit this job resumes from does not fit"), out
+
+
 def test_rank_events_survive_mpirun_tags_and_odd_host_names():
     from tf_smb.elastic import protocol
     line = protocol.rank_event("exit", 3, code=-9, host="node a", signal="SIGKILL")

@@ -106,7 +106,7 @@ class State:
         self._commits += 1
         worker = _worker()
         if worker is not None and worker.keeps_node_commit:
-            worker.keep_on_node({"serial": self._commits, **self.record()})
+            worker.keep_on_node(self.record())
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -137,8 +137,8 @@ class State:
         raise NotImplementedError
 
     def record(self) -> Dict[str, Any]:
-        """The last commit as plain values (a node's commit box keeps it)."""
-        return {}
+        """The last commit as plain values, with its serial (a node's commit box keeps it)."""
+        return {"serial": self._commits}
 
     def load(self, record: Dict[str, Any]) -> None:
         """Makes `record` (from `record()`) the last commit and the state."""
@@ -170,7 +170,7 @@ class ObjectState(State):
 
     def record(self) -> Dict[str, Any]:
         # A copy: the node's commit is written while the attributes may change.
-        return {"attrs": copy.deepcopy(self._saved_state)}
+        return {**super().record(), "attrs": copy.deepcopy(self._saved_state)}
 
     def load(self, record: Dict[str, Any]) -> None:
         self._saved_state = dict(record["attrs"])
