@@ -207,13 +207,17 @@ Status Group::Sync(const std::string& what) {
   int spins = 0;
   for (;;) {
     const uint32_t wake = g->wake.load(std::memory_order_acquire);
-    Status failed = Failure();
-    if (!failed.ok()) return failed;
+    // Arrivals first: once every rank arrived the phase is done, even if the job
+    // failed since (a rank that finished this collective, then another's wait for
+    // a rank that left after it, must not fail a rank still on its way out of it;
+    // the next phase or collective sees the failure).
     bool all = true;
     for (int r = 0; r < world_ && all; ++r) {
       all = g->ranks[r].arrive_seq.load(std::memory_order_acquire) >= target;
     }
     if (all) return Status::Ok();
+    Status failed = Failure();
+    if (!failed.ok()) return failed;
     if (spins < kSpinIterations) {
       ++spins;
       CpuRelax();
@@ -447,9 +451,9 @@ Status Group::WaitUntil(const std::string& what, const std::function<bool()>& do
   const double deadline = MonotonicSeconds() + timeout;
   for (;;) {
     const uint32_t wake = g->wake.load(std::memory_order_acquire);
+    if (done()) return Status::Ok();  // done before a later failure (as in Sync)
     Status failed = Failure();
     if (!failed.ok()) return failed;
-    if (done()) return Status::Ok();
     const double now = MonotonicSeconds();
     if (now >= deadline) {
       return Status(Code::kDeadlineExceeded,
