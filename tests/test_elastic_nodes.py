@@ -323,6 +323,21 @@ def test_nodes_driver_decides_from_the_ranks_reports(nodes_driver):
         driver._outcome(["a", "a"], {0, 1}, {0: exit_(1), 1: exit_(1)}, 1)
 
 
+def test_nodes_driver_shows_a_line_written_in_two_pieces_whole(nodes_driver, capsys):
+    # mpirun tags each piece it reads: unbuffered Python's print (the text, then the
+    # newline) came out as '[1,0]<stdout>:{...}[1,0]<stdout>:', which no JSON reader took.
+    from tf_smb.elastic import protocol
+    driver, _ = nodes_driver
+    assert driver._show("out", '[1,0]<stdout>:{"size": 3}[1,0]<stdout>:') is None
+    assert driver._show("out", "[1,2]<stderr>:half[1,2]<stderr>: and half") is None
+    assert driver._show("out", "a line of mpirun's own") is None
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ['[0]: {"size": 3}', "a line of mpirun's own"], out
+    assert err.splitlines() == ["[2]: half and half"], err
+    event = driver._show("out", f"[1,1]<stdout>:{protocol.rank_event('joined', 1)}[1,1]<stdout>:")
+    assert event is not None and event[:2] == ("joined", 1), event
+
+
 def test_nodes_driver_mpirun_line(nodes_driver, monkeypatch):
     driver, _ = nodes_driver
     monkeypatch.setenv("OMPI_MCA_foo", "1")

@@ -134,6 +134,17 @@ class JobFailed(Exception):
     """The job cannot go on (the message says why)."""
 
 
+def assignment_order(previous: Sequence[str], available: Sequence[str]) -> List[str]:
+    """The hosts of a new generation in rank order: those of the last one still
+    available, in their order, then the others in discovery order. The oldest
+    hosts keep the lowest ranks (as in Horovod), so rank 0, whose state a new
+    generation starts from, is on a host that has trained, not one just added
+    (or back from its cooldown) that a discovery script happens to list first."""
+    now = set(available)
+    kept = [h for h in previous if h in now]
+    return kept + [h for h in available if h not in set(kept)]
+
+
 class Driver:
     """Runs one elastic job (see the module); `run` returns its exit status."""
 
@@ -152,6 +163,7 @@ class Driver:
         self._host_serial = 0
         self._boxes: List[object] = []
         self._hosts: Dict[str, int] = {}
+        self._host_order: List[str] = []  # the last generation's hosts, in rank order
         self._slots_seen: Set[Tuple[str, int]] = set()  # discovered by the last generation
         self._discovered_at = 0.0
         self._ids_taken = 0
@@ -214,9 +226,12 @@ class Driver:
         (up to --max-np), in host order; starts the new ones."""
         free = self._free_slots(hosts, staying)
         room = max(0, self.options.max_np - len(staying))  # every free slot, as Horovod
+        self._host_order = assignment_order(self._host_order, list(hosts))
+        order = {h: i for i, h in enumerate(self._host_order)}
+        free.sort(key=lambda p: (order[p[0]], p[1]))
         placed = [(w.host, w.slot, w) for w in staying] + [(h, s, None) for h, s in free[:room]]
-        order = {h: i for i, h in enumerate(hosts)}
-        placed.sort(key=lambda p: (order.get(p[0], len(order)), p[1]))
+        # Staying workers first on their host: rank 0 is one of them whenever any stays.
+        placed.sort(key=lambda p: (order.get(p[0], len(order)), p[2] is None, p[1]))
         self._next_generation()
         job_id = f"{self._job}-g{self._generation}"
         self._slots_seen = {(h, i) for h, n in self._hosts.items() for i in range(n)}

@@ -43,7 +43,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 from tf_smb import env as env_lib
 from tf_smb.elastic import commit_box, protocol
 from tf_smb.elastic.driver import (DISCOVER_S, FAILED_MESSAGE, POLL_S, Driver, JobFailed,
-                                   Options)
+                                   Options, assignment_order)
 
 START_TIMEOUT_S = 120.0  # how long every rank of a generation may take to start
 STOP_GRACE_S = 15.0      # how long mpirun gets to end after SIGTERM
@@ -53,6 +53,9 @@ REMOVE_TIMEOUT_S = 60.0  # how long removing the commit boxes at the end may tak
 NOT_FORWARDED = ("HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "DISPLAY", "TERM", "TMUX")
 NOT_FORWARDED_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "SSH_", "BASH_FUNC")
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$")
+# mpirun tags each piece it reads: a line a rank wrote in two writes (unbuffered
+# Python prints the text, then the newline) holds the tag again inside it.
+_TAG_INSIDE = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
 
 
 class NodesDriver(Driver):
@@ -97,8 +100,10 @@ class NodesDriver(Driver):
 
     # -- one generation ---------------------------------------------------------
     def _place(self, hosts: Dict[str, int]) -> List[str]:
-        """Each rank's host: every slot in discovery order, up to --max-np."""
-        ranks = [h for h, n in hosts.items() for _ in range(n)]
+        """Each rank's host: every slot, up to --max-np, the hosts of the last
+        generation first (`assignment_order`)."""
+        self._host_order = assignment_order(self._host_order, list(hosts))
+        ranks = [h for h in self._host_order for _ in range(hosts[h])]
         return ranks[:self.options.max_np]
 
     def _argv(self, ranks: Sequence[str], forward: Sequence[str]) -> List[str]:
@@ -187,7 +192,7 @@ class NodesDriver(Driver):
         """Prints a line of mpirun's output (a rank's as `[rank]: ...`); the
         rank event it holds, if any (not printed)."""
         tagged = _TAGGED.match(line)
-        text = tagged.group(3) if tagged else line
+        text = _TAG_INSIDE.sub("", tagged.group(3)) if tagged else line
         event = protocol.parse_rank_event(text)
         if event is not None:
             return event
