@@ -25,6 +25,12 @@ step traced again, the commit restored, the resumed epoch's batches skipped; tar
     python -m benchmarks.elastic --models=resnet50 --repeats=1 --out=/tmp/elastic.json
     python -m benchmarks.elastic --smoke                     # small, 1 repeat, tiny
     python -m benchmarks.elastic --nodes                     # across 2 simulated nodes
+    python -m benchmarks.elastic --mode=async                # async mode (one node)
+
+With --mode=async the two jobs train asynchronously (`SMBStrategy(mode="async")`, and
+with `elastic=True`): a commit is the position only and asks no one (the launcher's
+generation file read); the killed job's survivors learn of the change from the launcher
+at their next commit, end their part of the generation without a rollback, and go on.
 
 With --nodes (root: tests/simnodes.py) the jobs run on two simulated nodes, one worker
 each: today's under mpirun, the elastic one under tf_smb.run in node 0 (each generation
@@ -69,9 +75,17 @@ def launcher_args(config: str, workers: int) -> List[str]:
             "-H", ",".join(f"{h}:1" for h in HOSTS[:workers])]
 
 
+# The fit role's strategy kind of each config, by --mode.
+KINDS = {"sync": {"smb": "smb_sync", "smb_elastic": "smb_elastic"},
+         "async": {"smb": "smb_async", "smb_elastic": "smb_async_elastic"}}
+# The change a killed worker's survivors record (async: the launcher's next generation).
+CAUGHT = {"sync": "member lost", "async": "members changed"}
+
+
 def run_job(config: str, model: str, workers: int, epochs: int, samples: int,
-            commit_steps: int, timeout: float, kill: str = "", nodes: object = None) -> dict:
-    kind = "smb_elastic" if config == "smb_elastic" else "smb_sync"
+            commit_steps: int, timeout: float, kill: str = "", nodes: object = None,
+            mode: str = "sync") -> dict:
+    kind = KINDS[mode][config]
     args = (f"--kind={kind}", f"--fit_models={model}", f"--fit_epochs={epochs}",
             f"--fit_batch={BATCH[model]}", f"--samples={model}:{samples}",
             f"--fit_commit_steps={commit_steps}", *([f"--fit_kill={kill}"] if kill else []))
@@ -101,7 +115,7 @@ def run_job(config: str, model: str, workers: int, epochs: int, samples: int,
         job["commit_s"] = max(commits)
     if kill:
         changes = [c for r in results for c in r.get("changes", [])
-                   if c.get("cause") == ("resumed" if nodes is not None else "member lost")]
+                   if c.get("cause") == ("resumed" if nodes is not None else CAUGHT[mode])]
         if not killed or not changes or any("resumed_s" not in c for c in changes):
             return {"ok": False, "reason": f"no death and recovery recorded: {changes}",
                     "tail": ""}
@@ -149,6 +163,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--smoke", action="store_true", help="small model, 1 repeat, tiny data")
     p.add_argument("--nodes", action="store_true",
                    help="across two simulated nodes, one worker each (needs root)")
+    p.add_argument("--mode", choices=("sync", "async"), default="sync",
+                   help="the strategy's mode (async: one node only)")
     p.add_argument("--out", help="write the results as JSON here")
     a = p.parse_args(argv)
     models = ["small"] if a.smoke else common.split_list(a.models, "")
@@ -158,6 +174,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     jobs: Dict[str, Dict[str, List[dict]]] = {}
     if a.nodes and a.workers != 2:
         p.error("--nodes runs 2 workers (one a node)")
+    if a.nodes and a.mode == "async":
+        p.error("--mode=async runs on one node (elastic async across nodes is not built)")
     nodes = open_nodes() if a.nodes else None
     try:
         failed = measure(a, models, repeats, sizes, nodes, jobs)
@@ -178,13 +196,14 @@ def measure(a: argparse.Namespace, models: List[str], repeats: int, sizes: Dict[
             order = ("smb", "smb_elastic") if repeat % 2 == 0 else ("smb_elastic", "smb")
             for config in order:
                 job = run_job(config, model, a.workers, a.epochs, sizes[model],
-                              a.commit_steps, a.timeout, nodes=nodes)
+                              a.commit_steps, a.timeout, nodes=nodes, mode=a.mode)
                 jobs[model][config].append(job)
                 failed |= not job["ok"]
                 print(f"# {model} {config} repeat {repeat}: {json.dumps(job)}", flush=True)
         kill = f"{a.workers - 1}:{KILL_AT[0]}:{KILL_AT[1]}"
         job = run_job("smb_elastic", model, a.workers, max(a.epochs, KILL_AT[0] + 2),
-                      sizes[model], a.commit_steps, a.timeout, kill=kill, nodes=nodes)
+                      sizes[model], a.commit_steps, a.timeout, kill=kill, nodes=nodes,
+                      mode=a.mode)
         jobs[model]["killed"].append(job)
         failed |= not job["ok"]
         print(f"# {model} killed: {json.dumps(job)}", flush=True)
@@ -209,8 +228,9 @@ def report(a: argparse.Namespace, jobs: Dict[str, Dict[str, List[dict]]]) -> Non
             "commit_s": commit,
             "commit_share": commit / (a.commit_steps * step_e) if commit and step_e else None,
             "detect_s": med("killed", "detect_s"), "resume_s": med("killed", "resume_s"),
-            "where": "2 simulated nodes x 1" if a.nodes else "one node"})
-    print(f"# {'2 simulated nodes x 1 worker' if a.nodes else f'{a.workers} workers, one node'}")
+            "where": "2 simulated nodes x 1" if a.nodes else "one node", "mode": a.mode})
+    print(f"# {'2 simulated nodes x 1 worker' if a.nodes else f'{a.workers} workers, one node'}"
+          f", mode={a.mode}")
     print(markdown(
         ["model", "workers", "epoch s", "elastic", "ratio", "step s", "elastic", "ratio",
          "commit s", f"of {a.commit_steps} steps", "death->caught s", "caught->step s"],

@@ -42,6 +42,49 @@ def test_hosts_parse_as_discovery_scripts_print_them():
     assert not driver.is_this_machine("node-that-is-not-here.example")
 
 
+def test_a_new_generation_keeps_rank_0_on_a_host_that_trained(monkeypatch):
+    # A discovery script that lists an added host first must not give the new
+    # worker rank 0: the next generation starts from rank 0's state.
+    import shutil
+    from tf_smb.elastic import driver as driver_lib
+    from tf_smb.elastic.nodes_driver import NodesDriver
+    assert driver_lib.assignment_order([], ["b", "a"]) == ["b", "a"]
+    assert driver_lib.assignment_order(["a", "b"], ["c", "b", "a"]) == ["a", "b", "c"]
+    assert driver_lib.assignment_order(["a", "b"], ["c", "b"]) == ["b", "c"]  # a left
+
+    class _Fake:  # a started worker's processes: never ending
+        def returncode(self, _index):
+            return None
+
+        def close(self):
+            pass
+
+    options = driver_lib.Options(command=["train"], np=2, min_np=1, max_np=4, hosts="x",
+                                 staging_bytes=1 << 16)
+    driver = driver_lib.Driver(options, log=lambda _: None, interrupted=lambda: None)
+    monkeypatch.setattr(driver, "_start_worker", lambda wid, host, slot, rank, size, job: (
+        driver_lib._Worker(wid, host, slot, rank, _Fake())))  # pylint: disable=protected-access
+    try:
+        driver._publish([], {"localhost": 2})  # pylint: disable=protected-access
+        first = driver._members  # pylint: disable=protected-access
+        # localhost's slot 0 left (its worker removed); a host is added, listed first.
+        driver._publish([first[1]], {"127.0.0.1": 1, "localhost": 2})
+        members = driver._members  # pylint: disable=protected-access
+        assert [(w.host, w.slot, w.id) for w in members] == [
+            ("localhost", 1, first[1].id), ("localhost", 0, 2), ("127.0.0.1", 0, 3)]
+    finally:
+        driver._stop_all()  # pylint: disable=protected-access
+    nodes = NodesDriver(driver_lib.Options(command=["train"], np=2, min_np=1, max_np=3,
+                                           hosts="a:1"), log=lambda _: None,
+                        interrupted=lambda: None)
+    try:
+        assert nodes._place({"a": 2}) == ["a", "a"]  # pylint: disable=protected-access
+        assert nodes._place({"c": 1, "a": 2}) == ["a", "a", "c"]
+        assert nodes._place({"c": 2, "b": 1}) == ["c", "c", "b"]  # a gone: discovery order
+    finally:
+        shutil.rmtree(nodes._dir, ignore_errors=True)  # pylint: disable=protected-access
+
+
 def test_a_blacklisted_host_comes_back_after_a_cooldown_that_doubles():
     from tf_smb.elastic import driver
     now = [0.0]
@@ -86,11 +129,18 @@ def test_generations_and_host_updates_round_trip_in_a_private_directory(tmp_path
     assert protocol.joined(directory, 1) == {3, 5}
 
 
-def test_elastic_keras_fit_refuses_what_it_does_not_support():
+def test_elastic_keras_fit_refuses_what_it_does_not_support(monkeypatch, tmp_path):
+    from tf_smb.elastic import protocol
     from tf_smb.keras_support.elastic import elastic_worker
     assert elastic_worker(False, "async", 4) is None  # not asked: nothing checked
-    with pytest.raises(ValueError, match="needs mode='sync', got mode='async'"):
+    for name, value in ((protocol.DIR_VAR, str(tmp_path)), (protocol.WORKER_ID_VAR, "0"),
+                        (protocol.ACROSS_NODES_VAR, "job")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match="mode='async', elastic=True. runs on one node"):
         elastic_worker(True, "async", 1)
+    assert elastic_worker(True, "sync", 1).across_nodes == "job"
+    for name in (protocol.DIR_VAR, protocol.WORKER_ID_VAR, protocol.ACROSS_NODES_VAR):
+        monkeypatch.delenv(name)
     with pytest.raises(ValueError, match="needs local_replicas=1, got 2"):
         elastic_worker(True, "sync", 2)
     with pytest.raises(ValueError, match="commit_steps must be an integer >= 1, got 0"):

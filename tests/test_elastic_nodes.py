@@ -331,8 +331,11 @@ def test_nodes_driver_shows_a_line_written_in_two_pieces_whole(nodes_driver, cap
     assert driver._show("out", '[1,0]<stdout>:{"size": 3}[1,0]<stdout>:') is None
     assert driver._show("out", "[1,2]<stderr>:half[1,2]<stderr>: and half") is None
     assert driver._show("out", "a line of mpirun's own") is None
+    # Another rank's piece in between stays visible (cut, as mpirun wrote it).
+    assert driver._show("out", "[1,0]<stdout>:a[1,1]<stdout>:b") is None
     out, err = capsys.readouterr()
-    assert out.splitlines() == ['[0]: {"size": 3}', "a line of mpirun's own"], out
+    assert out.splitlines() == ['[0]: {"size": 3}', "a line of mpirun's own",
+                                "[0]: a[1,1]<stdout>:b"], out
     assert err.splitlines() == ["[2]: half and half"], err
     event = driver._show("out", f"[1,1]<stdout>:{protocol.rank_event('joined', 1)}[1,1]<stdout>:")
     assert event is not None and event[:2] == ("joined", 1), event

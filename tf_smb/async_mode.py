@@ -156,6 +156,12 @@ _TAKEN: Dict[str, int] = {}
 _TAKEN_LOCK = threading.Lock()
 
 
+def take_segment_name(variable: tf.Variable) -> str:
+    """A segment name of this process for `variable` (see `segment_name`),
+    from where it sits (`variable_path`: call it while the variable is made)."""
+    return _take_segment_name(variable_path(variable))
+
+
 def _take_segment_name(path: str) -> str:
     with _TAKEN_LOCK:
         occurrence = 1
@@ -240,9 +246,11 @@ class AsyncEngine:
         """The variable's box segment, or None when the box does not hold it."""
         return self._segments.get(variable.ref())
 
-    def place(self, variable: tf.Variable) -> None:
+    def place(self, variable: tf.Variable, name: Optional[str] = None) -> None:
         """Makes the box hold the variable's master copy, from rank 0's value,
-        after checking that every worker creates the same variable here.
+        after checking that every worker creates the same variable here. Its
+        segment is `name` when given (an elastic job places its variables again
+        in each generation's box, under the names they took at creation).
 
         Raises:
           ValueError: outside eager execution, or (on every worker) when the
@@ -252,8 +260,8 @@ class AsyncEngine:
             if not tf.executing_eagerly():
                 raise ValueError("SMBStrategy(mode='async') creates variables eagerly; "
                                  "create them outside tf.function")
-            param = BoxSegment(_take_segment_name(variable_path(variable)), variable.dtype,
-                             tuple(variable.shape.as_list()))
+            param = BoxSegment(name or take_segment_name(variable), variable.dtype,
+                               tuple(variable.shape.as_list()))
             self._check_same_everywhere(param)
             value = variable.read_value()
             if self._job.rank == 0:  # before the broadcast, which orders it first

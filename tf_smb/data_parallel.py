@@ -286,8 +286,10 @@ class DataParallelExtended(WorkerRoles, distribute_lib.StrategyExtendedV1):
             kwargs["initial_value"] = self._collectives.broadcast(
                 [kwargs["initial_value"]], root=0)[0]
         variable = self._replicas.create_variable(strategy, next_creator, kwargs)
-        if (self._job.size > 1 and self._equal_at_creation
-                and not self._mode.place(self._replicas.unwrap(variable)) and not traced):
+        if not self._equal_at_creation:  # elastic: made alone, equal once fit syncs them
+            self._mode.note_variable(self._replicas.unwrap(variable))
+        elif (self._job.size > 1 and not self._mode.place(self._replicas.unwrap(variable))
+              and not traced):
             broadcast_initial_value(self._collectives, variable)
         return variable
 

@@ -22,7 +22,7 @@ from tf_smb.keras_support import elastic as elastic_lib
 from tf_smb import keras_support
 from tf_smb import local_replicas as local_replicas_lib
 from tf_smb import ops as smb_ops
-from tf_smb.async_mode import AsyncEngine
+from tf_smb.async_mode import AsyncEngine, take_segment_name
 from tf_smb.options import StrategyOptions
 from tf_smb.replica_layout import OneReplica, ReplicaLayout
 from tf_smb.collectives import SMBCollectives
@@ -127,8 +127,9 @@ class SMBStrategy(DataParallelStrategy):
         the last commit), a host removed or added (at the next commit); the
         global batch stays the one the data has, split over the members of the
         moment, so the job trains as one process on the same batches would
-        (docs/elastic.md). mode="sync" and local_replicas=1 only. Outside an
-        elastic launch it changes nothing.
+        (docs/elastic.md). With mode="async" (one node) the box keeps the
+        parameters through a change: no rollback. local_replicas=1 only.
+        Outside an elastic launch it changes nothing.
       commit_steps: elastic only: `fit` commits (in memory) every this many
         batches, and at each epoch's end; a lost worker costs the batches since.
 
@@ -174,8 +175,10 @@ class SMBStrategy(DataParallelStrategy):
             # One worker has no one to wait for or share with (it trains in
             # step with itself), unless its replica threads update apart.
             engine = AsyncEngine(job, config, collectives) if job.size > 1 else None
-            if engine is not None or local_replicas != 1:
-                worker_mode = Independent(config, engine)
+            if engine is not None or local_replicas != 1 or worker is not None:
+                # Elastic: a generation of one worker too (a later one may have more).
+                worker_mode = Independent(config, engine, segment_name_of=(
+                    take_segment_name if worker is not None else None))
         layout: ReplicaLayout = OneReplica()
         if local_replicas != 1:
             layout = local_replicas_lib.ReplicaThreads(
@@ -192,6 +195,27 @@ class SMBStrategy(DataParallelStrategy):
     def mode(self) -> Mode:
         """"sync" or "async"."""
         return self._mode
+
+    def rejoined(self, job: env_lib.JobInfo) -> None:
+        """As DataParallelStrategy.rejoined; in async mode also a new engine for
+        the new generation's box (none for one worker), which holds the
+        variables once `place_box_variables` ran."""
+        super().rejoined(job)
+        mode = self.extended.worker_mode
+        if isinstance(mode, Independent):
+            engine = (AsyncEngine(job, mode.config, self.extended.collectives)
+                      if job.size > 1 else None)
+            self.extended._mode = Independent(  # pylint: disable=protected-access
+                mode.config, engine, segment_name_of=mode.segment_name_of, noted=mode.noted)
+            if engine is not None:
+                keras_support.note_async_strategy(self)
+
+    def place_box_variables(self) -> int:
+        """Elastic async mode: this generation's box takes the trainable
+        variables it does not hold yet, from rank 0's values (a collective: every
+        member calls it at the start of each try of `fit`); how many."""
+        mode = self.extended.worker_mode
+        return mode.place_noted() if isinstance(mode, Independent) else 0
 
     def finish_training(self) -> None:
         """Async mode: this worker is done; wait for the other live workers,

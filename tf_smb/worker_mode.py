@@ -18,7 +18,7 @@ Depends on TensorFlow, env and phase only (the engine comes in built).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.python.distribute import values as values_lib
@@ -122,6 +122,10 @@ class WorkerMode:
         self.engine.place(variable)
         return True
 
+    def note_variable(self, variable: tf.Variable) -> None:
+        """An elastic job's variable, made without a collective (the members
+        change): one the box will hold is placed later (`place_noted`)."""
+
     def start_step(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
         """The ops a step's own ops must follow (the clock's wait, the box's read)."""
         return []
@@ -163,9 +167,31 @@ class Independent(WorkerMode):
         one process (its replica threads then share its one parameter copy).
     """
 
-    def __init__(self, config: "AsyncConfig", engine: Optional["AsyncEngine"] = None) -> None:
+    def __init__(self, config: "AsyncConfig", engine: Optional["AsyncEngine"] = None,
+                 segment_name_of: Optional[Callable[[tf.Variable], str]] = None,
+                 noted: Optional[List[Tuple[tf.Variable, str]]] = None) -> None:
         self.config = config
         self.engine = engine
+        # Elastic jobs: names a variable's segment as it is made
+        # (async_mode.take_segment_name), and the trainable variables in the
+        # order made, with those names: each generation's box holds them.
+        self.segment_name_of = segment_name_of
+        self.noted: List[Tuple[tf.Variable, str]] = [] if noted is None else noted
+
+    def note_variable(self, variable: tf.Variable) -> None:
+        if variable.trainable and self.segment_name_of is not None:
+            self.noted.append((variable, self.segment_name_of(variable)))
+
+    def place_noted(self) -> int:
+        """Places the noted variables this generation's box does not hold yet,
+        from rank 0's values (every member calls it at the same point: it runs
+        collectives); how many (0 without an engine: one worker)."""
+        if self.engine is None:
+            return 0
+        todo = [(v, name) for v, name in self.noted if self.engine.segment_of(v) is None]
+        for variable, name in todo:
+            self.engine.place(variable, name)
+        return len(todo)
 
     def combines_processes(self, job: env_lib.JobInfo) -> bool:
         return False

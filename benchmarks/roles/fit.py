@@ -13,6 +13,7 @@ Kinds: smb_sync, smb_async, smb_async_push (SMBStrategy; the last with read_at="
 smb_elastic (SMBStrategy(elastic=True, commit_steps=--fit_commit_steps), under tf_smb.run's
 elastic launcher; its ranks also print each commit's seconds and each change of the members;
 --fit_kill=W:E:B makes elastic worker W kill itself at epoch E, batch B, printing when),
+smb_async_elastic (the same with mode="async"),
 horovod (tf_smb.HorovodStrategy, under mpirun or horovodrun), hvd_api (no strategy:
 Horovod's API on the box, tf_smb.horovod.keras.DistributedOptimizer, each rank fitting
 its shard at batch/size, as a Horovod script does), mwms (MultiWorkerMirroredStrategy, RING, from TF_CONFIG) and single (one
@@ -31,8 +32,8 @@ from typing import Dict, List, Optional, Sequence
 
 from benchmarks import common
 
-KINDS = ("smb_sync", "smb_async", "smb_async_push", "smb_elastic", "horovod", "hvd_api", "mwms",
-         "single")
+KINDS = ("smb_sync", "smb_async", "smb_async_push", "smb_elastic", "smb_async_elastic",
+         "horovod", "hvd_api", "mwms", "single")
 FIT_MODELS = ("cnn", "mlp", "mlp10m", "resnet50", "small")
 IMAGE_SHAPES = {"cnn": (28, 28, 1), "resnet50": (32, 32, 3), "small": (1024,)}
 
@@ -173,8 +174,10 @@ def run(kind: str, models: Sequence[str], epochs: int, batch: int,
             strategies = {kind: tf_smb.SMBStrategy(mode=kind[4:])}
         elif kind == "smb_async_push":
             strategies = {kind: tf_smb.SMBStrategy(mode="async", read_at="push")}
-        elif kind == "smb_elastic":
-            strategies = {kind: tf_smb.SMBStrategy(elastic=True, commit_steps=commit_steps)}
+        elif kind in ("smb_elastic", "smb_async_elastic"):
+            strategies = {kind: tf_smb.SMBStrategy(
+                mode="async" if kind == "smb_async_elastic" else "sync", elastic=True,
+                commit_steps=commit_steps)}
         else:
             raise ValueError(f"unknown fit strategy {kind!r}")
         rank = hvd.rank() if kind == "hvd_api" else getattr(
@@ -250,8 +253,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--fit_autotune", choices=("unset", "on", "off"), default="unset",
                         help="the dataset's options.autotune.enabled")
     parser.add_argument("--fit_commit_steps", type=int, default=10,
-                        help="smb_elastic: batches between commits")
-    parser.add_argument("--fit_kill", default="", help="smb_elastic: W:E:B, a worker's death")
+                        help="smb_elastic, smb_async_elastic: batches between commits")
+    parser.add_argument("--fit_kill", default="", help="smb_*elastic: W:E:B, a worker's death")
     args = parser.parse_args(argv)
     models = common.split_list(args.fit_models, "")
     samples = parse_samples(args.samples)

@@ -10,7 +10,9 @@ rank) kills itself (SIGKILL) at that batch; from epoch 3 on, 2 workers go slowly
 until the added host's worker joins, and every step sleeps $STEP_SLEEP seconds
 when set. At the end the weights go to $OUT (.npz) from the job's rank 0, with a
 JSON line of what fit returned. Without a launcher it is the one-process
-reference.
+reference. With MODE=async the strategy trains asynchronously (within
+$STALENESS steps of the slowest worker when set), and every member writes its
+weights to $OUT.<rank>.npz.
 """
 import json
 import os
@@ -62,7 +64,9 @@ class Schedule(keras.callbacks.Callback):
 
 
 def main() -> int:
-    strategy = tf_smb.SMBStrategy(elastic=True, commit_steps=4)
+    mode = os.environ.get("MODE", "sync")
+    bound = {"staleness": int(os.environ["STALENESS"])} if os.environ.get("STALENESS") else {}
+    strategy = tf_smb.SMBStrategy(mode=mode, elastic=True, commit_steps=4, **bound)
     keras.utils.set_random_seed(7)
     rng = np.random.default_rng(0)
     # 10 global batches of 24 an epoch: even over 4, 2 and 3 workers (Keras 3.3 weighs an
@@ -75,6 +79,8 @@ def main() -> int:
         model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     history = model.fit(x, y, batch_size=24, epochs=EPOCHS, shuffle=False, verbose=0,
                         callbacks=[Schedule(strategy)])
+    if mode == "async":
+        np.savez(f"{os.environ['OUT']}.{strategy.rank}.npz", *model.get_weights())
     if strategy.rank == 0:
         np.savez(os.environ["OUT"], *model.get_weights())
         print(json.dumps({"epochs": history.epoch, "loss": history.history["loss"],

@@ -53,9 +53,6 @@ REMOVE_TIMEOUT_S = 60.0  # how long removing the commit boxes at the end may tak
 NOT_FORWARDED = ("HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "DISPLAY", "TERM", "TMUX")
 NOT_FORWARDED_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "SSH_", "BASH_FUNC")
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$")
-# mpirun tags each piece it reads: a line a rank wrote in two writes (unbuffered
-# Python prints the text, then the newline) holds the tag again inside it.
-_TAG_INSIDE = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
 
 
 class NodesDriver(Driver):
@@ -192,7 +189,12 @@ class NodesDriver(Driver):
         """Prints a line of mpirun's output (a rank's as `[rank]: ...`); the
         rank event it holds, if any (not printed)."""
         tagged = _TAGGED.match(line)
-        text = _TAG_INSIDE.sub("", tagged.group(3)) if tagged else line
+        text = line
+        if tagged:
+            # mpirun tags each piece it reads: a line the rank wrote in two writes
+            # (unbuffered Python prints the text, then the newline) holds its tag again.
+            tag = line[:len(line) - len(tagged.group(3))]
+            text = tagged.group(3).replace(tag, "")
         event = protocol.parse_rank_event(text)
         if event is not None:
             return event

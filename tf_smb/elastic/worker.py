@@ -120,6 +120,13 @@ class ElasticWorker:
         self.mark_joined()
         return job
 
+    def generation_moved_on(self) -> bool:
+        """Whether the launcher published a generation after this worker's:
+        how an asynchronous worker learns of a change of the members (it runs
+        no collective that a lost member would fail)."""
+        generation = protocol.read_generation(self.directory)
+        return generation is not None and generation.number > self.generation
+
     def resumes(self) -> bool:
         """Whether this process starts a later generation across nodes: it
         resumes from the newest commit its nodes' boxes hold."""

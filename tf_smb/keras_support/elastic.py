@@ -23,6 +23,13 @@ the commit. A process that joins a running job does the same from its first
 its members, so the job trains on the same sequence of global batches as one
 process would.
 
+In async mode (SMBStrategy(mode="async", elastic=True), one node) the box keeps
+the parameters through a change: a commit is the position only, a worker learns of
+a change by reading the launcher's generation file at its commits (no collective),
+ends its part of the generation (waits for the live members, reads the box) and,
+in the next, the members resume at the position of the one furthest behind, rank
+0's variables going to all and into the new generation's box. No rollback.
+
 Across nodes (each generation a new `mpirun`, docs/elastic.md) each node's first
 rank also keeps every commit in the node's commit box (shared memory); at a
 change the processes end instead of joining the next generation, and the next
@@ -51,22 +58,28 @@ def elastic_worker(elastic: bool, mode: str, local_replicas: int,
     started by an elastic launcher (the members cannot change).
 
     Raises:
-      ValueError: elastic with what it does not support (async mode, replica
-        threads), or commit_steps < 1.
+      ValueError: elastic with what it does not support (replica threads; async
+        mode across nodes), or commit_steps < 1.
     """
     if not elastic:
         return None
-    if mode != "sync":
-        raise ValueError(f"SMBStrategy(elastic=True) needs mode='sync', got mode={mode!r}: "
-                         "asynchronous training across member changes is not built yet "
-                         "(docs/elastic.md)")
     if local_replicas != 1:
         raise ValueError(f"SMBStrategy(elastic=True) needs local_replicas=1, got "
                          f"{local_replicas}")
     if not isinstance(commit_steps, int) or commit_steps < 1:
         raise ValueError(f"commit_steps must be an integer >= 1, got {commit_steps!r}")
     from tf_smb.elastic.worker import ElasticWorker  # pylint: disable=import-outside-toplevel
-    return ElasticWorker.from_env()
+    worker = ElasticWorker.from_env()
+    if mode == "async" and worker is not None and worker.across_nodes:
+        raise ValueError("SMBStrategy(mode='async', elastic=True) runs on one node; "
+                         "asynchronous training through member changes across nodes is not "
+                         "built yet (docs/elastic.md): use mode='sync' across nodes")
+    return worker
+
+
+class _GenerationMovedOn(Exception):
+    """Async: the launcher published the next generation (members lost or
+    hosts updated); this worker leaves the current one at this commit."""
 
 
 class _HostsUpdated(Exception):
@@ -99,6 +112,10 @@ class ElasticFit:
         self._following = False
         self._root = 0  # whose variables, epoch and batch a try starts from
         self._resumed: Optional[Dict[str, Any]] = None  # the commit resumed, on its holder
+        # Async mode: the parameters live in the box, which outlives a lost member,
+        # so a change costs no rollback; each worker learns of it from the launcher.
+        self.asynchronous = getattr(strategy, "mode", "sync") == "async"
+        self._trained = False  # whether this process trained in a try (holds a position)
         # What elastic training cost this process (benchmarks/elastic.py reads them):
         # each commit's seconds (copies and the host-update check), and for each change
         # of the members its cause, when it was caught (time.time()) and the seconds
@@ -132,6 +149,35 @@ class ElasticFit:
         epoch, batch = self._from_root([0, 0] if record is None else
                                        [int(record["epoch"]), int(record["batch"])])
         return _Commit(epoch, batch)
+
+    def _agreed_position(self, commit: _Commit) -> _Commit:
+        """Async: where the members resume, the position of the member furthest
+        behind (members that trained before say theirs, new processes nothing):
+        no global batch is skipped; those a faster member did past it are trained
+        again (fewer than size x staleness)."""
+        size, rank = self.strategy.size, self.strategy.rank
+        mine = [0] * (2 * size)
+        if self._trained:
+            mine[2 * rank], mine[2 * rank + 1] = 1, (commit.epoch << 32) + commit.batch
+        said = _owner.sum_ints(self.strategy, mine)
+        held = [said[2 * r + 1] for r in range(size) if said[2 * r]]
+        if not held:
+            return commit
+        position = min(held)
+        return _Commit(position >> 32, position & 0xFFFFFFFF)
+
+    def finish_generation(self) -> None:
+        """Async: this worker's part of the generation ends: its clock stops, it
+        waits for the other live members, then reads the box's last values (those
+        the next generation starts from). A failure here leaves this worker's own
+        copies, read from the box at its last step, and says so."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        try:
+            self.strategy.finish_training()
+        except tf.errors.OpError as e:
+            print(f"tf_smb: generation {self.worker.generation}: could not read the box's "
+                  f"last values ({type(e).__name__}: {e.message}); this worker keeps those "
+                  "it read at its last step", file=sys.stderr, flush=True)
 
     def tracked(self, model: Any) -> List[Any]:
         """The variables a commit holds: the model's weights (trainable or not)
@@ -205,8 +251,11 @@ class ElasticFit:
                     resume = False
                     self.changes.append({"cause": "resumed", "caught_at": time.time()})
                     commit = self._resume_point() or commit
+                elif self.asynchronous:
+                    commit = self._agreed_position(commit)
                 elif sync:
                     commit.epoch, commit.batch = self._from_rank0([commit.epoch, commit.batch])
+                self._trained = True
                 skip = commit.batch
                 if steps_per_epoch:  # one iterator for every epoch: skip the epochs too
                     skip += (commit.epoch - first_epoch) * int(steps_per_epoch)
@@ -219,7 +268,11 @@ class ElasticFit:
             except _HostsUpdated as e:
                 sync = not e.removed_only  # only removed: every member holds the state
                 self.changes.append({"cause": "hosts updated", "caught_at": time.time()})
+            except _GenerationMovedOn:
+                self.changes.append({"cause": "members changed", "caught_at": time.time()})
+                self.finish_generation()  # no rollback: the box held the parameters
             except tf.errors.AbortedError:  # a member was lost: back to the last commit
+                # (async: its own copies; rank 0's go to all when the next try starts)
                 self.changes.append({"cause": "member lost", "caught_at": time.time()})
                 if commit.values is not None:
                     for variable, value in zip(self.tracked(model), commit.values):
@@ -267,13 +320,18 @@ def _commit_callback_class() -> Any:
             self._epoch_now = commit.epoch
             self._skipped = commit.batch
             self._since_commit = 0
+            self._change: Optional[Exception] = None  # a change heard at an epoch's end
 
         def on_train_begin(self, logs=None):
-            if self._sync:
+            if self._sync or self._elastic.asynchronous:
                 self._elastic.sync_variables(self.model)
+            if self._elastic.asynchronous:  # before fit traces its step
+                self._elastic.strategy.place_box_variables()
             self._keep(self._commit.epoch, self._commit.batch)
 
         def on_epoch_begin(self, epoch, logs=None):
+            if self._change is not None:  # heard at the last epoch's end
+                raise self._change
             if epoch != self._epoch_now:
                 self._skipped = 0
             self._epoch_now = epoch
@@ -285,25 +343,41 @@ def _commit_callback_class() -> Any:
                 changes[-1]["resumed_s"] = changes[-1]["stepped_at"] - changes[-1]["caught_at"]
             self._since_commit += 1
             done = self._skipped + batch + 1
+            if self._elastic.asynchronous:  # this worker reads every size-th global batch
+                last = batch + 1 == self.params.get("steps")
+                done = self._skipped + (batch + 1) * self._elastic.strategy.size
+            else:
+                last = done == self.params.get("steps")
             # The epoch's last batch commits at the epoch's end (after validation).
-            if self._since_commit >= self._elastic.commit_steps and done != self.params.get(
-                    "steps"):
+            if self._since_commit >= self._elastic.commit_steps and not last:
                 self._commit_and_check(self._epoch_now, done)
 
         def on_epoch_end(self, epoch, logs=None):
             self._elastic.strategy.extended.stop_skipping()
             self._records[epoch] = dict(logs or {})
-            self._commit_and_check(epoch + 1, 0)
+            try:
+                self._commit_and_check(epoch + 1, 0)
+            except (_HostsUpdated, _GenerationMovedOn) as change:
+                # Stop when the next epoch begins: the other callbacks end this one
+                # first (a checkpoint, a log). After the last epoch, training is done.
+                self._change = change
 
         def _commit_and_check(self, epoch: int, batch: int) -> None:
             start = time.perf_counter()
             self._keep(epoch, batch)
-            self._elastic.check_host_updates()  # raises _HostsUpdated on every member
+            if self._elastic.asynchronous:
+                moved_on = self._elastic.worker.generation_moved_on()  # asks no one
+            else:
+                self._elastic.check_host_updates()  # raises _HostsUpdated on every member
             self._elastic.commit_seconds.append(time.perf_counter() - start)
+            if self._elastic.asynchronous and moved_on:
+                raise _GenerationMovedOn()
 
         def _keep(self, epoch: int, batch: int) -> None:
             self._since_commit = 0
             self._commit.epoch, self._commit.batch = epoch, batch
+            if self._elastic.asynchronous:
+                return  # the box keeps the parameters: a commit is the position only
             # Copies in host memory: the commit survives whatever the next step does.
             self._commit.values = [v.numpy() for v in self._elastic.tracked(self.model)]
             worker = self._elastic.worker

@@ -195,6 +195,8 @@ def _install_epoch_length_hook() -> None:
     def init_hook(self, distribute_strategy=None, *args, **kwargs):
         fitting = getattr(_phase, "async_fit", None)
         if getattr(getattr(distribute_strategy, "extended", None), "resuming", False):
+            if fitting is not None and fitting.strategy is distribute_strategy:
+                fitting.training_iterator_made = True  # later ones are validation data's
             init(self, distribute_strategy, *args, **kwargs)
             _count_resumed_epoch(self, distribute_strategy.extended)
         elif (fitting is None or fitting.strategy is not distribute_strategy
@@ -257,14 +259,17 @@ def _count_resumed_epoch(epoch_iterator: Any, extended: Any) -> None:
     if skipping is None or epoch_iterator.steps_per_epoch:
         return  # one iterator runs through every epoch: its length is steps_per_epoch
 
+    # This worker's part of them (async mode: every size-th, `training_batches`).
     def count() -> None:
         batches = epoch_iterator.data_adapter.num_batches
         if batches and skipping.active:
-            registry.write(epoch_iterator, registry.EPOCH_BATCHES, max(0, batches - skipping.count))
+            registry.write(epoch_iterator, registry.EPOCH_BATCHES,
+                           extended.training_batches(max(0, batches - skipping.count)))
 
     def whole() -> None:
+        batches = epoch_iterator.data_adapter.num_batches
         registry.write(epoch_iterator, registry.EPOCH_BATCHES,
-                       epoch_iterator.data_adapter.num_batches)
+                       extended.training_batches(batches) if batches else batches)
 
     skipping.on_stop = whole
     _count_now_and_after_reset(epoch_iterator, count)
