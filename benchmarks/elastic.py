@@ -164,7 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--nodes", action="store_true",
                    help="across two simulated nodes, one worker each (needs root)")
     p.add_argument("--mode", choices=("sync", "async"), default="sync",
-                   help="the strategy's mode (async: one node only)")
+                   help="the strategy's mode (async: one node only, not with --nodes)")
     p.add_argument("--out", help="write the results as JSON here")
     a = p.parse_args(argv)
     models = ["small"] if a.smoke else common.split_list(a.models, "")
@@ -175,7 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.nodes and a.workers != 2:
         p.error("--nodes runs 2 workers (one a node)")
     if a.nodes and a.mode == "async":
-        p.error("--mode=async runs on one node (elastic async across nodes is not built)")
+        p.error("--nodes measures sync mode only (--mode=async: one node)")
     nodes = open_nodes() if a.nodes else None
     try:
         failed = measure(a, models, repeats, sizes, nodes, jobs)

@@ -144,11 +144,13 @@ FULL_TESTS = (
     "test_elastic_horovod.py::test_reset_limit",
     "test_elastic_horovod.py::"
     "test_resurrecting_blacklisted_hosts_exponential_backoff",
-    # Elastic across nodes: a node lost whole, then one removed (3 -> 2 -> 1), and the
-    # elastic benchmark's smoke across 2 nodes (fast: a worker killed and a node added,
-    # 4 -> 2 -> 3 across 3 nodes, test_elastic_nodes.py; the smoke on one node).
+    # Elastic across nodes: a node lost whole, then one removed (3 -> 2 -> 1), async
+    # through a lost and an added node, and the elastic benchmark's smoke across 2 nodes
+    # (fast: a worker killed and a node added, 4 -> 2 -> 3 across 3 nodes, sync; async
+    # on one node, test_elastic_fit.py; the smoke on one node).
     "test_elastic_nodes.py::"
     "test_fit_across_nodes_through_a_node_lost_whole_and_one_removed_equals_one_process",
+    "test_elastic_nodes.py::test_async_fit_across_nodes_through_a_lost_node_and_an_added_one",
     "test_benchmark_elastic_smoke.py::test_benchmark_elastic_smoke[nodes]",
     # Horovod's test_tensorflow.py whole (fast: one test per collective, the same file).
     "test_horovod_peer.py::test_horovods_tensorflow_tests_at_2_processes",

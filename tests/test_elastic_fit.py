@@ -70,13 +70,30 @@ def test_fit_through_a_lost_and_an_added_worker_equals_one_process(tmp_path):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
-def test_async_fit_goes_on_through_a_lost_and_an_added_worker_without_a_rollback(tmp_path):
-    # SMBStrategy(mode="async", elastic=True): 3 workers, one killed mid-epoch (3 -> 2),
-    # then a host added, listed first (2 -> 3). No rollback: the box held the parameters.
+def async_reference(tmp_path):
+    """The async worker's summary in one process (no launcher)."""
     one = harness.run_single([WORKER], TIMEOUT_S,
                              env={"OUT": str(tmp_path / "one.npz"), "MODE": "async"})
     one.check()
-    reference = json.loads([line for line in one.stdout.splitlines() if '"epochs"' in line][-1])
+    return json.loads([line for line in one.stdout.splitlines() if '"epochs"' in line][-1])
+
+
+def check_async_result(out_path, members, summary, reference):
+    """The last generation's `members` all hold the box's last values, and the
+    job learned as one process does (asynchronous updates: not equal, close)."""
+    assert summary["size"] == members, summary
+    weights = [_weights(f"{out_path}.{rank}.npz") for rank in range(members)]
+    for other in weights[1:]:
+        for got, want in zip(other, weights[0]):
+            np.testing.assert_array_equal(got, want)
+    assert summary["loss"][-1] < 0.5 * reference["loss"][0], (summary, reference)
+    assert summary["loss"][-1] < 2.0 * reference["loss"][-1], (summary, reference)
+
+
+def test_async_fit_goes_on_through_a_lost_and_an_added_worker_without_a_rollback(tmp_path):
+    # SMBStrategy(mode="async", elastic=True): 3 workers, one killed mid-epoch (3 -> 2),
+    # then a host added, listed first (2 -> 3). No rollback: the box held the parameters.
+    reference = async_reference(tmp_path)
     out_path = tmp_path / "elastic.npz"
     # The host comes once the 2 workers ended an epoch (async workers run apart: rank 0
     # may end epoch 2 before the others reach the kill).
@@ -93,12 +110,4 @@ def test_async_fit_goes_on_through_a_lost_and_an_added_worker_without_a_rollback
     # Training went on from where the members were: never back to an earlier epoch.
     assert epochs == sorted(epochs) and set(epochs) == set(range(6)), ended
     assert ended[0][1] == 3 and ended[-1][1] == 3, ended
-    assert summary["size"] == 3, summary
-    # Every member ends with the box's last values.
-    members = [_weights(f"{out_path}.{rank}.npz") for rank in range(3)]
-    for other in members[1:]:
-        for got, want in zip(other, members[0]):
-            np.testing.assert_array_equal(got, want)
-    # It learned as one process does (asynchronous updates: not equal, close).
-    assert summary["loss"][-1] < 0.5 * reference["loss"][0], (summary, reference)
-    assert summary["loss"][-1] < 2.0 * reference["loss"][-1], (summary, reference)
+    check_async_result(out_path, 3, summary, reference)

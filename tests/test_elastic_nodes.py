@@ -22,7 +22,7 @@ import pytest
 
 import harness
 import simnodes
-from test_elastic_fit import WORKER, _weights
+from test_elastic_fit import WORKER, _weights, async_reference, check_async_result
 
 TIMEOUT_S = 420.0
 
@@ -32,30 +32,28 @@ def _mpi_args(nodes):
     return shlex.join(nodes.mpirun_options())
 
 
-def test_fit_across_nodes_through_a_lost_node_and_an_added_one_equals_one_process(tmp_path):
-    one = harness.run_single([WORKER], TIMEOUT_S, env={"OUT": str(tmp_path / "one.npz")})
-    one.check()
+def _lost_then_added(tmp_path, add_when, env):
+    """An elastic job across 3 simulated nodes: 2 slots on each of nodes 0 and 1
+    (4 workers), node 2 with a slot once `add_when` (an awk condition on the
+    progress lines "epoch size") holds. Returns (the launch, its output, the
+    node names, the progress lines as (epoch, size), the last rank 0's summary)."""
     nodes = simnodes.open_or_skip(nodes=3, workers=1)
     try:
         progress = tmp_path / "progress"
         discover = tmp_path / "discover.sh"
         first, second, third = nodes.hostnames
-        # After epoch 2 node 2 has a slot.
         discover.write_text(
             f"#!/bin/sh\necho {first}:2\necho {second}:2\n"
-            f"awk '$1 >= 2' {progress} 2>/dev/null | grep -q . && echo {third}:1\n"
+            f"awk '{add_when}' {progress} 2>/dev/null | grep -q . && echo {third}:1\n"
             "exit 0\n")
         discover.chmod(0o700)
         argv = [sys.executable, "-m", "tf_smb.run", "-np", "4", "--min-np", "2",
                 "--max-np", "4", "--host-discovery-script", str(discover),
                 "--mpi-args", _mpi_args(nodes), sys.executable, WORKER]
-        env = {k: v for k, v in harness.base_env().items()
-               if not k.startswith("TF_SMB_") and k not in harness.env_lib.LAUNCHER_VARS}
-        env.update({"OUT": str(tmp_path / "elastic.npz"), "PROGRESS": str(progress),
-                    # rank 3 (node 1's second) dies at epoch 1, batch 6: two batches
-                    # after the commit at batch 4.
-                    "KILL_WORKER": "3:1:6", "TF_SMB_TIMEOUT": "60"})
-        launch = nodes.start(0, argv, env, owns_nodes=True, drain=True).wait(TIMEOUT_S)
+        launch_env = {k: v for k, v in harness.base_env().items()
+                      if not k.startswith("TF_SMB_") and k not in harness.env_lib.LAUNCHER_VARS}
+        launch_env.update({"PROGRESS": str(progress), "TF_SMB_TIMEOUT": "60", **env})
+        launch = nodes.start(0, argv, launch_env, owns_nodes=True, drain=True).wait(TIMEOUT_S)
     finally:
         nodes.close()
     out = launch.stdout + launch.stderr
@@ -63,16 +61,40 @@ def test_fit_across_nodes_through_a_lost_node_and_an_added_one_equals_one_proces
     assert f"worker rank 3 on host {second} failed (SIGKILL)" in out, out[-10000:]
     assert (f"generation 1: 2 workers ({first}, {first})" in out
             and f"generation 2: 3 workers ({first}, {first}, {third})" in out), out[-10000:]
-    sizes = [int(line.split()[1]) for line in progress.read_text().splitlines()]
-    assert sizes[0] == 4 and 2 in sizes and sizes[-1] == 3, sizes
+    ended = [tuple(int(v) for v in line.split()) for line in progress.read_text().splitlines()]
     summary = json.loads([line for line in launch.stdout.splitlines() if '"epochs"' in line][-1]
                          .split("]: ", 1)[-1])
+    return out, ended, summary
+
+
+def test_fit_across_nodes_through_a_lost_node_and_an_added_one_equals_one_process(tmp_path):
+    one = harness.run_single([WORKER], TIMEOUT_S, env={"OUT": str(tmp_path / "one.npz")})
+    one.check()
+    # Rank 3 (node 1's second) dies at epoch 1, batch 6: two batches after the commit
+    # at batch 4; after epoch 2 node 2 has a slot.
+    _, ended, summary = _lost_then_added(tmp_path, "$1 >= 2", {
+        "OUT": str(tmp_path / "elastic.npz"), "KILL_WORKER": "3:1:6"})
+    sizes = [size for _, size in ended]
+    assert sizes[0] == 4 and 2 in sizes and sizes[-1] == 3, sizes
     # The last generation's processes started at a later epoch: their history ends the job's.
     assert summary["epochs"][-1] == 5 and summary["size"] == 3, summary
     elastic, reference = _weights(tmp_path / "elastic.npz"), _weights(tmp_path / "one.npz")
     for got, want in zip(elastic, reference):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
+
+def test_async_fit_across_nodes_through_a_lost_node_and_an_added_one(tmp_path):
+    # SMBStrategy(mode="async", elastic=True) across nodes: rank 3 killed (mpirun stops
+    # the rest: the nodes' last commits), then node 2 added once the 2 workers ended an
+    # epoch (a host update: every node keeps the box's last values, no rollback).
+    reference = async_reference(tmp_path)
+    out_path = tmp_path / "elastic.npz"
+    _, ended, summary = _lost_then_added(tmp_path, "$2 == 2", {
+        "OUT": str(out_path), "MODE": "async", "KILL_WORKER": "3:1:1",
+        "STALENESS": "2", "STEP_SLEEP": "0.05"})
+    assert ended[0][1] == 4 and ended[-1][1] == 3, ended
+    assert sorted({epoch for epoch, _ in ended}) == list(range(6)), ended
+    check_async_result(out_path, 3, summary, reference)
 
 
 def test_fit_across_nodes_through_a_node_lost_whole_and_one_removed_equals_one_process(

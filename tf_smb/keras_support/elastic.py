@@ -23,12 +23,15 @@ the commit. A process that joins a running job does the same from its first
 its members, so the job trains on the same sequence of global batches as one
 process would.
 
-In async mode (SMBStrategy(mode="async", elastic=True), one node) the box keeps
-the parameters through a change: a commit is the position only, a worker learns of
-a change by reading the launcher's generation file at its commits (no collective),
-ends its part of the generation (waits for the live members, reads the box) and,
-in the next, the members resume at the position of the one furthest behind, rank
-0's variables going to all and into the new generation's box. No rollback.
+In async mode (SMBStrategy(mode="async", elastic=True)) the box keeps the
+parameters through a change: a commit is the position only, a worker learns of a
+change at its commits without asking the others (one node: the launcher's
+generation file; across nodes: the host update its rank wrapper passed on), ends
+its part of the generation (waits for the live members, reads the box) and, in
+the next, the members resume at the position of the one furthest behind, rank 0's
+variables going to all and into the new generation's box. No rollback on one
+node; across nodes a host update is none either (every node keeps the box's last
+values), a lost rank goes back to the nodes' last commits.
 
 Across nodes (each generation a new `mpirun`, docs/elastic.md) each node's first
 rank also keeps every commit in the node's commit box (shared memory); at a
@@ -58,8 +61,8 @@ def elastic_worker(elastic: bool, mode: str, local_replicas: int,
     started by an elastic launcher (the members cannot change).
 
     Raises:
-      ValueError: elastic with what it does not support (replica threads; async
-        mode across nodes), or commit_steps < 1.
+      ValueError: elastic with what it does not support (replica threads), or
+        commit_steps < 1.
     """
     if not elastic:
         return None
@@ -69,12 +72,7 @@ def elastic_worker(elastic: bool, mode: str, local_replicas: int,
     if not isinstance(commit_steps, int) or commit_steps < 1:
         raise ValueError(f"commit_steps must be an integer >= 1, got {commit_steps!r}")
     from tf_smb.elastic.worker import ElasticWorker  # pylint: disable=import-outside-toplevel
-    worker = ElasticWorker.from_env()
-    if mode == "async" and worker is not None and worker.across_nodes:
-        raise ValueError("SMBStrategy(mode='async', elastic=True) runs on one node; "
-                         "asynchronous training through member changes across nodes is not "
-                         "built yet (docs/elastic.md): use mode='sync' across nodes")
-    return worker
+    return ElasticWorker.from_env()
 
 
 class _GenerationMovedOn(Exception):
@@ -165,6 +163,35 @@ class ElasticFit:
             return commit
         position = min(held)
         return _Commit(position >> 32, position & 0xFFFFFFFF)
+
+    def generation_moved_on(self) -> bool:
+        """Async: whether the members are changing, asking no one: on one node
+        the launcher published the next generation; across nodes it announced a
+        host update (a lost rank ends every process: mpirun stops them)."""
+        if not self.worker.across_nodes:
+            return self.worker.generation_moved_on()
+        with self._update_lock:
+            serial, _ = self._latest_update
+        return serial > self._handled_update
+
+    def keep_last_on_node(self, model: Any, commit: _Commit) -> None:
+        """Async across nodes, at a change, after `finish_generation`: every node
+        keeps the box's last values at the members' agreed position (the same
+        record on every node), which the next generation resumes from. A member
+        already done (its last epoch ended) cannot agree: this worker's own
+        position then."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        try:
+            position = self._agreed_position(commit)
+        except tf.errors.OpError as e:
+            print(f"tf_smb: generation {self.worker.generation}: the members could not agree "
+                  f"where to resume ({type(e).__name__}); this node keeps this worker's "
+                  "position", file=sys.stderr, flush=True)
+            position = commit
+        if self.worker.keeps_node_commit:
+            self.worker.keep_on_node({
+                "serial": (position.epoch << 32) + position.batch + 1, "epoch": position.epoch,
+                "batch": position.batch, "values": [v.numpy() for v in self.tracked(model)]})
 
     def finish_generation(self) -> None:
         """Async: this worker's part of the generation ends: its clock stops, it
@@ -271,6 +298,8 @@ class ElasticFit:
             except _GenerationMovedOn:
                 self.changes.append({"cause": "members changed", "caught_at": time.time()})
                 self.finish_generation()  # no rollback: the box held the parameters
+                if self.worker.across_nodes:  # the next mpirun's processes start from it
+                    self.keep_last_on_node(model, commit)
             except tf.errors.AbortedError:  # a member was lost: back to the last commit
                 # (async: its own copies; rank 0's go to all when the next try starts)
                 self.changes.append({"cause": "member lost", "caught_at": time.time()})
@@ -366,7 +395,7 @@ def _commit_callback_class() -> Any:
             start = time.perf_counter()
             self._keep(epoch, batch)
             if self._elastic.asynchronous:
-                moved_on = self._elastic.worker.generation_moved_on()  # asks no one
+                moved_on = self._elastic.generation_moved_on()  # asks no one
             else:
                 self._elastic.check_host_updates()  # raises _HostsUpdated on every member
             self._elastic.commit_seconds.append(time.perf_counter() - start)
@@ -376,11 +405,12 @@ def _commit_callback_class() -> Any:
         def _keep(self, epoch: int, batch: int) -> None:
             self._since_commit = 0
             self._commit.epoch, self._commit.batch = epoch, batch
-            if self._elastic.asynchronous:
-                return  # the box keeps the parameters: a commit is the position only
-            # Copies in host memory: the commit survives whatever the next step does.
-            self._commit.values = [v.numpy() for v in self._elastic.tracked(self.model)]
             worker = self._elastic.worker
+            if self._elastic.asynchronous and not worker.keeps_node_commit:
+                return  # the box keeps the parameters: a commit is the position only
+            # Copies in host memory: the commit survives whatever the next step does
+            # (async across nodes: this worker's copies, read from the box at its step).
+            self._commit.values = [v.numpy() for v in self._elastic.tracked(self.model)]
             if worker.keeps_node_commit:  # across nodes: the node's box outlives us
                 worker.keep_on_node({"serial": (epoch << 32) + batch + 1, "epoch": epoch,
                                      "batch": batch, "values": self._commit.values})
