@@ -33,28 +33,36 @@ def _mpi_args(nodes):
     return shlex.join(nodes.mpirun_options())
 
 
+def _start_elastic(nodes, tmp_path, discovery, np_, min_np, env):
+    """Starts tf_smb.run in node 0: WORKER as an elastic job of up to `np_` workers
+    (--min-np `min_np`) across `nodes`, its hosts from a discovery script of the
+    shell lines `discovery(progress)` (progress: the file of the lines "epoch
+    size" rank 0 writes). Returns (the running job, the progress file)."""
+    progress = tmp_path / "progress"
+    discover = tmp_path / "discover.sh"
+    discover.write_text("#!/bin/sh\n" + discovery(progress) + "exit 0\n")
+    discover.chmod(0o700)
+    argv = [sys.executable, "-m", "tf_smb.run", "-np", str(np_), "--min-np", str(min_np),
+            "--max-np", str(np_), "--host-discovery-script", str(discover),
+            "--mpi-args", _mpi_args(nodes), sys.executable, WORKER]
+    launch_env = {k: v for k, v in harness.base_env().items()
+                  if not k.startswith("TF_SMB_") and k not in harness.env_lib.LAUNCHER_VARS}
+    launch_env.update({"PROGRESS": str(progress), "TF_SMB_TIMEOUT": "60", **env})
+    return nodes.start(0, argv, launch_env, owns_nodes=True, drain=True), progress
+
+
 def _lost_then_added(tmp_path, add_when, env):
     """An elastic job across 3 simulated nodes: 2 slots on each of nodes 0 and 1
     (4 workers), node 2 with a slot once `add_when` (an awk condition on the
-    progress lines "epoch size") holds. Returns (the launch, its output, the
-    node names, the progress lines as (epoch, size), the last rank 0's summary)."""
+    progress lines "epoch size") holds. Returns (its output, the progress lines
+    as (epoch, size), the last rank 0's summary)."""
     nodes = simnodes.open_or_skip(nodes=3, workers=1)
     try:
-        progress = tmp_path / "progress"
-        discover = tmp_path / "discover.sh"
         first, second, third = nodes.hostnames
-        discover.write_text(
-            f"#!/bin/sh\necho {first}:2\necho {second}:2\n"
-            f"awk '{add_when}' {progress} 2>/dev/null | grep -q . && echo {third}:1\n"
-            "exit 0\n")
-        discover.chmod(0o700)
-        argv = [sys.executable, "-m", "tf_smb.run", "-np", "4", "--min-np", "2",
-                "--max-np", "4", "--host-discovery-script", str(discover),
-                "--mpi-args", _mpi_args(nodes), sys.executable, WORKER]
-        launch_env = {k: v for k, v in harness.base_env().items()
-                      if not k.startswith("TF_SMB_") and k not in harness.env_lib.LAUNCHER_VARS}
-        launch_env.update({"PROGRESS": str(progress), "TF_SMB_TIMEOUT": "60", **env})
-        launch = nodes.start(0, argv, launch_env, owns_nodes=True, drain=True).wait(TIMEOUT_S)
+        job, progress = _start_elastic(nodes, tmp_path, lambda progress: (
+            f"echo {first}:2\necho {second}:2\n"
+            f"awk '{add_when}' {progress} 2>/dev/null | grep -q . && echo {third}:1\n"), 4, 2, env)
+        launch = job.wait(TIMEOUT_S)
     finally:
         nodes.close()
     out = launch.stdout + launch.stderr
@@ -111,23 +119,12 @@ def test_fit_across_nodes_through_a_node_lost_whole_and_one_removed_equals_one_p
     one.check()
     nodes = simnodes.open_or_skip(nodes=3, workers=1)
     try:
-        progress = tmp_path / "progress"
-        discover = tmp_path / "discover.sh"
         first, second, third = nodes.hostnames
         # Node 2 goes once epoch 3 is done.
-        discover.write_text(
-            f"#!/bin/sh\necho {first}:1\necho {second}:1\n"
-            f"awk '$1 >= 3' {progress} 2>/dev/null | grep -q . || echo {third}:1\n"
-            "exit 0\n")
-        discover.chmod(0o700)
-        argv = [sys.executable, "-m", "tf_smb.run", "-np", "3", "--min-np", "1",
-                "--max-np", "3", "--host-discovery-script", str(discover),
-                "--mpi-args", _mpi_args(nodes), sys.executable, WORKER]
-        env = {k: v for k, v in harness.base_env().items()
-               if not k.startswith("TF_SMB_") and k not in harness.env_lib.LAUNCHER_VARS}
-        env.update({"OUT": str(tmp_path / "elastic.npz"), "PROGRESS": str(progress),
-                    "STEP_SLEEP": "0.1", "TF_SMB_TIMEOUT": "60"})
-        job = nodes.start(0, argv, env, owns_nodes=True, drain=True)
+        job, progress = _start_elastic(nodes, tmp_path, lambda progress: (
+            f"echo {first}:1\necho {second}:1\n"
+            f"awk '$1 >= 3' {progress} 2>/dev/null | grep -q . || echo {third}:1\n"), 3, 1,
+            {"OUT": str(tmp_path / "elastic.npz"), "STEP_SLEEP": "0.1"})
         deadline = time.monotonic() + TIMEOUT_S
         while not (progress.exists() and progress.read_text().strip()):
             assert job.proc.poll() is None and time.monotonic() < deadline, job.output()[-8000:]
