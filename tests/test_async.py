@@ -49,19 +49,12 @@ def test_fit_counts_each_workers_own_batches_and_validates_on_all_data():
 def test_a_worker_without_a_batch_finishes_fit():
     # 16 rows, batch 32: one batch, rank 0's; rank 1 has none to train on (Keras
     # takes a model's structure from the first batch: it builds from the data's
-    # spec instead). Both finish fit, evaluate and predict with the box's values;
-    # on Keras 3.3, whose fit fails on an epoch without a step, rank 1 gets a
-    # clear error instead.
-    import keras
+    # spec instead). Both finish fit, evaluate and predict with the box's values
+    # (Keras 3.3 too: its epochs without a step are hooked, keras33.py).
     results = [r.check().json() for r in run_ranks(
         [PARAMS, "no_batch"], 2, timeout=300, env={"TEST_TIMEOUT": "120"})]
     for kind, steps_so_far in (("arrays", 2), ("dataset", 4)):
         trained, idle = (r[kind] for r in results)
-        if "error" in idle:
-            assert "no batch of the training data" in idle["error"], idle
-            assert keras.__version__.startswith("3.3."), idle
-            assert trained["epochs"] == 2, results
-            continue
         assert trained["epochs"] == 2 and trained["steps"] == steps_so_far, results
         for res in (trained, idle):
             assert res["kernel"] == res["box_kernel"], (kind, res)

@@ -97,6 +97,15 @@ COMPUTE_LOSS = Hook(
 LOSS_REDUCE = Hook(
     "loss reduction", ("keras.src.losses.loss:reduce_values",),
     "a replica's empty part of a batch has loss 0, not NaN (Keras 3.3 divides by 0 rows)")
+EPOCH_STEPS = Hook(
+    "epoch steps", (f"{_TRAINER}:TFEpochIterator.enumerate_epoch",),
+    "an epoch of no batch for this worker (an asynchronous worker's share of the data, or "
+    "of a resumed epoch's rest, is empty) takes no step, as in Keras 3.4+ (Keras 3.3 "
+    "would call its train step on the empty data)",
+    reads=("steps_per_epoch", "num_batches", "data_adapter"))
+EPOCH_LOGS = Hook(
+    "epoch logs", ("keras.src.trainers.trainer:Trainer._get_metrics_result_or_logs",),
+    "fit ends an epoch without a step with empty logs, as Keras 3.4+ (Keras 3.3 fails)")
 LOSS_DISTRIBUTION_SCALE = Hook(
     "loss scaling over replicas", ("keras.src.losses.loss:scale_loss_for_distribution",),
     "gradients of a global batch that splits unevenly over replicas weighted by each "
@@ -110,7 +119,8 @@ BUILD_MARKER = Hook(
     "models, metrics and optimizers built from the first batch before training "
     "starts, taking that batch's structure without combining it over replicas",
     instead=(SYMBOLIC_BUILD, MAKE_TRAIN_FUNCTION, MAKE_TEST_FUNCTION,
-             METRIC_ADD_VARIABLE, VARIABLE_INITIALIZE, TRAIN_STEP, COMPUTE_LOSS, LOSS_REDUCE))
+             METRIC_ADD_VARIABLE, VARIABLE_INITIALIZE, TRAIN_STEP, COMPUTE_LOSS, LOSS_REDUCE,
+             EPOCH_STEPS, EPOCH_LOGS))
 EPOCH_ITERATOR = Hook(
     "epoch length", (f"{_TRAINER}:TFEpochIterator.__init__",),
     "asynchronous fit counts each worker's own batches and validates on all the data",

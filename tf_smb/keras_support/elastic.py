@@ -61,17 +61,11 @@ def elastic_worker(elastic: bool, mode: str, local_replicas: int,
     started by an elastic launcher (the members cannot change).
 
     Raises:
-      ValueError: elastic with what it does not support (replica threads; async
-        mode on Keras 3.3), or commit_steps < 1.
+      ValueError: elastic with what it does not support (replica threads), or
+        commit_steps < 1.
     """
     if not elastic:
         return None
-    if mode == "async" and _keras_before(3, 4):
-        raise ValueError(
-            f"SMBStrategy(mode='async', elastic=True) needs Keras 3.4 or later, got Keras "
-            f"{_keras_version()}: under Keras 3.3 a worker resuming mid-epoch after a change "
-            "of the members ran out of data and failed (not fixed yet); use mode='sync', or "
-            "a newer Keras (docs/elastic.md)")
     if local_replicas != 1:
         raise ValueError(f"SMBStrategy(elastic=True) needs local_replicas=1, got "
                          f"{local_replicas}")
@@ -79,20 +73,6 @@ def elastic_worker(elastic: bool, mode: str, local_replicas: int,
         raise ValueError(f"commit_steps must be an integer >= 1, got {commit_steps!r}")
     from tf_smb.elastic.worker import ElasticWorker  # pylint: disable=import-outside-toplevel
     return ElasticWorker.from_env()
-
-
-def _keras_version() -> str:
-    from tf_smb import keras_registry  # pylint: disable=import-outside-toplevel
-    return keras_registry.keras_version()
-
-
-def _keras_before(major: int, minor: int) -> bool:
-    """Whether the running Keras is older than major.minor (False when unknown)."""
-    parts = _keras_version().split(".")
-    try:
-        return (int(parts[0]), int(parts[1])) < (major, minor)
-    except (ValueError, IndexError):
-        return False
 
 
 class _GenerationMovedOn(Exception):

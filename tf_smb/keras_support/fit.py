@@ -276,18 +276,9 @@ def _count_resumed_epoch(epoch_iterator: Any, extended: Any) -> None:
 
 
 def _tell_no_batch(data_batches: int) -> None:
-    """Says (once per process) why Keras will report that this worker's input
-    ran out of data at once.
-
-    Raises:
-      ValueError: on Keras 3.3, whose fit fails on an epoch without a step.
-    """
-    from tf_smb.keras_support import keras33  # pylint: disable=import-outside-toplevel
+    """Says (once per process) why this worker takes no step in fit's epochs."""
     why = (f"tf_smb: this asynchronous worker has no batch of the training data to train "
            f"on ({data_batches} batch(es) in all, each worker takes every N-th)")
-    if keras33.active():
-        raise ValueError(f"{why}, and Keras 3.3's fit cannot run an epoch without a step; "
-                         "give fit more data or a smaller batch_size, or use Keras 3.4+")
     if getattr(_tell_no_batch, "told", False):
         return
     _tell_no_batch.told = True  # type: ignore[attr-defined]

@@ -9,7 +9,11 @@ these hooks build before the first step and make metric variables sync on read.
 Its train step's loss is each replica's mean, not divided by the replica count
 as in Keras 3.4+, so its gradients average over workers (`in_unscaled_train_step`;
 the sum Keras 3.3 asks for inside its merge call is made in optimizer.py), and
-a replica's empty part of a batch gets loss 0 rather than Keras 3.3's NaN.
+a replica's empty part of a batch gets loss 0 rather than Keras 3.3's NaN. An
+epoch with no batch for this worker (an asynchronous worker's share, or an
+elastic worker's share of the rest of the epoch it resumes in, is empty) takes
+no step and ends with empty logs, as in Keras 3.4+; Keras 3.3 would call its
+train step on the empty data and fail at the epoch's end.
 """
 from __future__ import annotations
 
@@ -110,6 +114,28 @@ def _install_empty_batch_loss() -> None:
     found.replace(hook)
 
 
+def _install_epoch_without_step() -> None:
+    steps_at = registry.locate(registry.EPOCH_STEPS)
+    logs_at = registry.locate(registry.EPOCH_LOGS)
+    enumerate_epoch, metrics_or_logs = steps_at.original(), logs_at.original()
+
+    @functools.wraps(enumerate_epoch)
+    def steps_hook(self):
+        # 0, not None (unknown length): tf_smb counted this worker's batches.
+        if not self.steps_per_epoch and self.num_batches == 0:
+            self.data_adapter.on_epoch_end()
+            return iter(())
+        return enumerate_epoch(self)
+
+    @functools.wraps(metrics_or_logs)
+    def logs_hook(self, logs):
+        # Keras 3.3's fit starts with logs None, which an epoch without a step keeps.
+        return metrics_or_logs(self, {} if logs is None else logs)
+
+    steps_at.replace(steps_hook)
+    logs_at.replace(logs_hook)
+
+
 def _install_metric_variables_sync_on_read() -> None:
     from tf_smb.data_parallel import DataParallelStrategy  # pylint: disable=import-outside-toplevel
     add_at = registry.locate(registry.METRIC_ADD_VARIABLE)
@@ -180,6 +206,7 @@ def install_build_before_first_step(state: threading.local) -> None:
     _install_train_step_mark()
     _install_compute_loss_mark()
     _install_empty_batch_loss()
+    _install_epoch_without_step()
     epoch_iterator_at.replace(init_hook)
     # As Keras 3.4+, fit and evaluate build first; predict builds in its trace.
     for hook in (registry.MAKE_TRAIN_FUNCTION, registry.MAKE_TEST_FUNCTION):
