@@ -85,6 +85,25 @@ def test_a_new_generation_keeps_rank_0_on_a_host_that_trained(monkeypatch):
         shutil.rmtree(nodes._dir, ignore_errors=True)  # pylint: disable=protected-access
 
 
+def test_members_failing_one_after_another_end_the_job_at_once(tmp_path):
+    # Worker 1 fails at once, the others 3 s later: while the launcher waits for
+    # --min-np slots without worker 1's host, the rest fail too and no host is left.
+    # The job ends saying so, not after --elastic-timeout (300 s; harness: 120 s).
+    import sys
+    import harness
+    discover = tmp_path / "discover.sh"
+    discover.write_text("#!/bin/sh\necho localhost:2\necho 127.0.0.1:1\n")
+    discover.chmod(0o700)
+    argv = [sys.executable, "-m", "tf_smb.run", "-np", "3", "--min-np", "2", "--max-np", "3",
+            "--elastic-timeout", "300", "--host-discovery-script", str(discover), "sh", "-c",
+            'if [ "$TF_SMB_WORKER_ID" = 1 ]; then exit 1; fi; sleep 3; exit 1']
+    r = harness.run_command(argv, 120, harness.base_env())
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "no host is left to go on with" in out, out
+    for worker in ("worker 1 (localhost)", "worker 2 (127.0.0.1)"):
+        assert f"{worker} exited with code 1" in out, out
+
+
 def test_a_blacklisted_host_comes_back_after_a_cooldown_that_doubles():
     from tf_smb.elastic import driver
     now = [0.0]

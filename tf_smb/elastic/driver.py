@@ -145,6 +145,10 @@ def assignment_order(previous: Sequence[str], available: Sequence[str]) -> List[
     return kept + [h for h in available if h not in set(kept)]
 
 
+class _MemberFailed(Exception):
+    """A member the driver counted on failed while it waited for slots."""
+
+
 class Driver:
     """Runs one elastic job (see the module); `run` returns its exit status."""
 
@@ -286,9 +290,15 @@ class Driver:
         return worker
 
     def _wait_for_slots(self, staying: List[_Worker]) -> Dict[str, int]:
-        """The hosts once --min-np slots are there (with `staying` counted)."""
+        """The hosts once --min-np slots are there (with `staying` counted).
+
+        Raises:
+          _MemberFailed: one of `staying` failed meanwhile.
+        """
         deadline = time.monotonic() + self.options.elastic_timeout
         while True:
+            if any(w.returncode not in (None, 0) for w in staying):
+                raise _MemberFailed()
             hosts = self._discover()
             slots = len(staying) + len(self._free_slots(hosts, staying))
             if slots >= self.options.min_np:
@@ -331,18 +341,7 @@ class Driver:
                     time.monotonic() - worker.removed_at > REMOVED_GRACE_S):
                 worker.processes.stop()
         if failed:
-            for worker in failed:
-                self._log(worker.processes.report(0, "tf_smb.run: "))
-                self._blacklist.add(worker.host)
-            bad = {w.host for w in failed}
-            staying = [w for w in self._members
-                       if w not in failed and w.host not in bad and w.returncode is None]
-            for worker in self._members:
-                if worker not in staying and worker not in failed:
-                    self._remove(worker)
-            if not staying and not self._free_slots(self._discover(), []):
-                raise JobFailed(f"{FAILED_MESSAGE}, and no host is left to go on with")
-            self._publish(staying, self._wait_for_slots(staying))
+            self._go_on_without(failed)
             return False
         if all(w.returncode == 0 for w in self._members):
             return all(w.returncode is not None for w in self._started) or self._ended_removed()
@@ -361,6 +360,35 @@ class Driver:
             if not earlier:
                 self._hosts_changed(hosts)
         return False
+
+    def _go_on_without(self, failed: List[_Worker]) -> None:
+        """Blacklists the hosts of the `failed` members and makes the next
+        generation of the members on other hosts once --min-np slots are there;
+        members that fail meanwhile go the same way (all of them failing ends the
+        job now, not after --elastic-timeout)."""
+        told: Set[int] = set()
+        bad: Set[str] = set()
+        while True:
+            for worker in [w for w in failed if w.id not in told]:
+                told.add(worker.id)
+                self._log(worker.processes.report(0, "tf_smb.run: "))
+                if worker.host not in bad:  # once per host and change (its cooldown doubles)
+                    bad.add(worker.host)
+                    self._blacklist.add(worker.host)
+            staying = [w for w in self._members
+                       if w not in failed and w.host not in bad and w.returncode is None]
+            for worker in self._members:
+                if worker not in staying and worker not in failed:
+                    self._remove(worker)
+            if not staying and not self._free_slots(self._discover(), []):
+                raise JobFailed(f"{FAILED_MESSAGE}, and no host is left to go on with")
+            try:
+                hosts = self._wait_for_slots(staying)
+            except _MemberFailed:
+                failed = [w for w in self._members if w.returncode not in (None, 0)]
+                continue
+            self._publish(staying, hosts)
+            return
 
     def _ended_removed(self) -> bool:
         """Stops the removed workers still running once the job is done: True."""
@@ -387,7 +415,10 @@ class Driver:
         for worker in removed:
             self._remove(worker)
         if len(staying) + len(self._free_slots(hosts, staying)) < self.options.min_np:
-            hosts = self._wait_for_slots(staying)
+            try:
+                hosts = self._wait_for_slots(staying)
+            except _MemberFailed:
+                return  # the next look goes on without it
         self._publish(staying, hosts)
 
     def _remove(self, worker: _Worker) -> None:
