@@ -23,7 +23,7 @@ from tf_smb import keras_support
 from tf_smb import local_replicas as local_replicas_lib
 from tf_smb import ops as smb_ops
 from tf_smb.async_mode import AsyncEngine, take_segment_name
-from tf_smb.options import StrategyOptions
+from tf_smb.options import AsyncConfig, StrategyOptions
 from tf_smb.replica_layout import OneReplica, ReplicaLayout
 from tf_smb.collectives import SMBCollectives
 # DataParallelStrategy and GradientClipping stay importable from here too.
@@ -38,6 +38,13 @@ Mode = Literal["sync", "async"]
 Update = Literal["delta", "sgd"]
 ReadAt = Literal["start", "push"]
 Consistency = Literal["consistent", "hogwild"]
+
+
+def _async_engine(job: env_lib.JobInfo, config: AsyncConfig,
+                  collectives: SMBCollectives) -> Optional[AsyncEngine]:
+    """The box's engine of an async job; None for one worker, which has no one
+    to wait for or share with."""
+    return AsyncEngine(job, config, collectives) if job.size > 1 else None
 
 
 class SMBStrategy(DataParallelStrategy):
@@ -172,9 +179,9 @@ class SMBStrategy(DataParallelStrategy):
         worker_mode: WorkerMode = InStep()
         if mode == "async":
             keras_support.install_async_hooks()
-            # One worker has no one to wait for or share with (it trains in
-            # step with itself), unless its replica threads update apart.
-            engine = AsyncEngine(job, config, collectives) if job.size > 1 else None
+            # One worker trains in step with itself, unless its replica threads
+            # update apart.
+            engine = _async_engine(job, config, collectives)
             if engine is not None or local_replicas != 1 or worker is not None:
                 # Elastic: a generation of one worker too (a later one may have more).
                 worker_mode = Independent(config, engine, segment_name_of=(
@@ -203,8 +210,7 @@ class SMBStrategy(DataParallelStrategy):
         super().rejoined(job)
         mode = self.extended.worker_mode
         if isinstance(mode, Independent):
-            engine = (AsyncEngine(job, mode.config, self.extended.collectives)
-                      if job.size > 1 else None)
+            engine = _async_engine(job, mode.config, self.extended.collectives)
             self.extended._mode = Independent(  # pylint: disable=protected-access
                 mode.config, engine, segment_name_of=mode.segment_name_of, noted=mode.noted)
             if engine is not None:

@@ -77,6 +77,13 @@ def sum_ints(strategy: Any, values: List[int]) -> List[int]:
     return [int(v) for v in collectives.allreduce([tf.constant(values, tf.int64)])[0].numpy()]
 
 
+def gather_int(strategy: Any, value: int) -> List[int]:
+    """Every worker's `value`, by rank (an eager collective, as broadcast_int)."""
+    mine = [0] * strategy.size
+    mine[strategy.rank] = value
+    return sum_ints(strategy, mine)
+
+
 def sum_int(strategy: Any, value: int) -> int:
     """The sum of every worker's `value` (an eager collective, as broadcast_int)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel

@@ -96,6 +96,23 @@ class _Commit:
     batch: int  # batches of `epoch` done
     values: Optional[List[Any]] = None
 
+    @property
+    def position(self) -> int:
+        """Epoch and batch in one integer that grows as training goes on."""
+        return (self.epoch << 32) + self.batch
+
+    @classmethod
+    def at(cls, position: int) -> "_Commit":
+        """The commit at `position` (without values)."""
+        return cls(position >> 32, position & 0xFFFFFFFF)
+
+
+def _keep_on_node(worker: Any, commit: _Commit) -> None:
+    """Across nodes: the node's commit box keeps `commit` (with its values); its
+    serial orders the commits (0: none)."""
+    worker.keep_on_node({"serial": commit.position + 1, "epoch": commit.epoch,
+                         "batch": commit.batch, "values": commit.values})
+
 
 class ElasticFit:
     """One strategy's elastic `fit` (see the module)."""
@@ -134,16 +151,14 @@ class ElasticFit:
         hold (its epoch and batch; its holder, `_root`, keeps its values for
         `sync_variables`), or None when no node holds one."""
         record = self.worker.node_commit()
-        size, rank = self.strategy.size, self.strategy.rank
-        mine = 0 if record is None else int(record["serial"])
-        serials = _owner.sum_ints(self.strategy, [mine if r == rank else 0 for r in range(size)])
+        serials = _owner.gather_int(self.strategy, 0 if record is None else int(record["serial"]))
         from tf_smb.elastic.commit_box import newest  # pylint: disable=import-outside-toplevel
         self._root = newest(serials)
         if serials[self._root] == 0:
             print(f"tf_smb: generation {self.worker.generation}: no node holds a commit of "
                   "this job; training starts anew", file=sys.stderr, flush=True)
             return None
-        self._resumed = record if rank == self._root else None
+        self._resumed = record if self.strategy.rank == self._root else None
         epoch, batch = self._from_root([0, 0] if record is None else
                                        [int(record["epoch"]), int(record["batch"])])
         return _Commit(epoch, batch)
@@ -153,16 +168,9 @@ class ElasticFit:
         behind (members that trained before say theirs, new processes nothing):
         no global batch is skipped; those a faster member did past it are trained
         again (fewer than size x staleness)."""
-        size, rank = self.strategy.size, self.strategy.rank
-        mine = [0] * (2 * size)
-        if self._trained:
-            mine[2 * rank], mine[2 * rank + 1] = 1, (commit.epoch << 32) + commit.batch
-        said = _owner.sum_ints(self.strategy, mine)
-        held = [said[2 * r + 1] for r in range(size) if said[2 * r]]
-        if not held:
-            return commit
-        position = min(held)
-        return _Commit(position >> 32, position & 0xFFFFFFFF)
+        said = _owner.gather_int(self.strategy, commit.position + 1 if self._trained else 0)
+        held = [position - 1 for position in said if position]  # 0: nothing held
+        return _Commit.at(min(held)) if held else commit
 
     def generation_moved_on(self) -> bool:
         """Async: whether the members are changing, asking no one: on one node
@@ -189,9 +197,8 @@ class ElasticFit:
                   "position", file=sys.stderr, flush=True)
             position = commit
         if self.worker.keeps_node_commit:
-            self.worker.keep_on_node({
-                "serial": (position.epoch << 32) + position.batch + 1, "epoch": position.epoch,
-                "batch": position.batch, "values": [v.numpy() for v in self.tracked(model)]})
+            _keep_on_node(self.worker, dataclasses.replace(
+                position, values=[v.numpy() for v in self.tracked(model)]))
 
     def finish_generation(self) -> None:
         """Async: this worker's part of the generation ends: its clock stops, it
@@ -412,8 +419,7 @@ def _commit_callback_class() -> Any:
             # (async across nodes: this worker's copies, read from the box at its step).
             self._commit.values = [v.numpy() for v in self._elastic.tracked(self.model)]
             if worker.keeps_node_commit:  # across nodes: the node's box outlives us
-                worker.keep_on_node({"serial": (epoch << 32) + batch + 1, "epoch": epoch,
-                                     "batch": batch, "values": self._commit.values})
+                _keep_on_node(worker, self._commit)
 
     return CommitCallback
 
